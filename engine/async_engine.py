@@ -1,0 +1,181 @@
+"""AsyncEngine: the engine for asyncio. The step loop runs on its own thread.
+
+    event loop                          engine thread
+    ----------                          -------------
+    generate() --submit-->  inbox  -->  core.add_request / abort_request
+    collector  <--call_soon_threadsafe-- core.step() -> [RequestOutput, ...] (one batch/step)
+
+Each request has a one-slot collector: outputs that arrive while the consumer is busy are
+merged into the slot, so a slow consumer costs constant memory and never stalls the loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator, Sequence
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.errors import EngineDeadError
+from engine.outputs import EngineStats, RequestOutput
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class _Collector:
+    """One-slot mailbox of a request's outputs; later diffs merge into the pending one."""
+
+    __slots__ = ("pending", "ready")
+
+    def __init__(self):
+        self.pending: RequestOutput | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, out: RequestOutput) -> None:
+        if self.pending is None:
+            self.pending = out
+        else:
+            self.pending.merge(out)
+        self.ready.set()
+
+    async def get(self) -> RequestOutput:
+        await self.ready.wait()
+        out, self.pending = self.pending, None
+        self.ready.clear()
+        return out
+
+
+class AsyncEngine:
+    """Continuous-batching engine for asyncio callers.
+
+    `generate()` is an async generator of incremental RequestOutputs; closing it early or
+    calling `abort(request_id)` ends the request and frees its KV blocks.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, core: EngineCore | None = None):
+        self.core = core or EngineCore(config or EngineConfig())
+        self._collectors: dict[str, _Collector] = {}
+        self._inbox: list[tuple] = []
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._dead: BaseException | None = None
+        self._ids = itertools.count()
+        self._stats = self.core.stats()
+
+    # -- properties the gateway needs ---------------------------------------------------
+    @property
+    def tokenizer(self):
+        return self.core.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.core.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.core.max_model_len
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._dead is None
+
+    def stats(self) -> EngineStats:
+        """The snapshot taken after the latest step (cheap; safe from the event loop)."""
+        return self._stats
+
+    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+        return self.core.encode_chat(messages)
+
+    def encode(self, text: str) -> list[int]:
+        return self.core.encode(text)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    # -- requests -----------------------------------------------------------------------
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs. Raises InvalidRequestError/PromptTooLongError at once."""
+        if not self.is_alive:
+            raise EngineDeadError(f"engine loop is not running: {self._dead!r}")
+        request_id = request_id or f"req-{next(self._ids)}"
+        prompt_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.core.validate(prompt_ids, params)
+        collector = _Collector()
+        self._collectors[request_id] = collector
+        self._submit(("add", request_id, prompt_ids, params))
+        finished = False
+        try:
+            while not finished:
+                out = await collector.get()
+                finished = out.finished
+                yield out
+        finally:
+            self._collectors.pop(request_id, None)
+            if not finished:
+                self._submit(("abort", request_id))
+
+    def abort(self, request_id: str) -> None:
+        """End a request; its generator yields a final output with finish_reason cancelled."""
+        if request_id in self._collectors:
+            self._submit(("abort", request_id))
+
+    def _submit(self, command: tuple) -> None:
+        with self._wake:
+            self._inbox.append(command)
+            self._wake.notify()
+
+    # -- the engine thread ------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._wait_for_work():
+                self._apply_inbox()
+                outputs = self.core.step() if self.core.has_work() else []
+                self._stats = self.core.stats()
+                if outputs:
+                    self._loop.call_soon_threadsafe(self._dispatch, outputs)
+        except BaseException as exc:  # noqa: BLE001 - the loop must report, not vanish
+            log.exception("engine loop died")
+            self._dead = exc
+            self._loop.call_soon_threadsafe(self._fail_all, repr(exc))
+
+    def _wait_for_work(self) -> bool:
+        with self._wake:
+            while not self._stopping and not self._inbox and not self.core.has_work():
+                self._wake.wait()
+            return not self._stopping
+
+    def _apply_inbox(self) -> None:
+        with self._wake:
+            commands, self._inbox = self._inbox, []
+        for command in commands:
+            if command[0] == "add":
+                self.core.add_request(*command[1:])
+            else:
+                self.core.abort_request(command[1])
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            collector = self._collectors.get(out.request_id)
+            if collector is not None:
+                collector.put(out)
+
+    def _fail_all(self, message: str) -> None:
+        for request_id, collector in list(self._collectors.items()):
+            collector.put(RequestOutput(request_id, "", [], finished=True,
+                                        finish_reason="error", error=message))

@@ -1,0 +1,72 @@
+"""EngineConfig: every engine limit in one frozen dataclass, validated when built."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import InvalidRequestError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Model and engine limits.
+
+    model: "default" (embedded SmolLM2-135M-Instruct), a local HF directory, or "dummy:NAME".
+    num_kv_blocks: None sizes the KV pool from measured free memory (kv_memory_fraction of
+    what is free after the weights and a warm-up step, capped by kv_cache_max_bytes).
+    """
+
+    model: str = "default"
+    device: str = "auto"  # "auto" -> cuda if available else cpu
+    dtype: str = "auto"  # "auto" -> float32 on CPU, bfloat16 on CUDA
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_memory_fraction: float = 0.85
+    kv_cache_max_bytes: int | None = None  # None: 2 GiB on CPU, no cap on CUDA
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's own limit, at most 32768
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"  # "torch" | "triton" | "auto" (triton on CUDA)
+    use_cuda_graph: bool = True
+    cuda_graph_max_batch: int = 512
+    num_threads: int | None = None  # CPU intra-op threads; None: torch's default
+    seed: int = 0
+
+    def __post_init__(self):
+        _positive("block_size", self.block_size)
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.num_kv_blocks is not None:
+            _positive("num_kv_blocks", self.num_kv_blocks)
+        if self.max_model_len is not None:
+            _positive("max_model_len", self.max_model_len)
+        if not 0.0 < self.kv_memory_fraction <= 1.0:
+            raise InvalidRequestError("kv_memory_fraction", "must be in (0, 1]")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise InvalidRequestError("dtype", f"must be auto or one of {sorted(_DTYPES)}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise InvalidRequestError("attention_backend", "must be auto, torch or triton")
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolved_dtype(self) -> torch.dtype:
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
+
+    def use_triton(self) -> bool:
+        if self.attention_backend == "auto":
+            return self.resolved_device().type == "cuda"
+        return self.attention_backend == "triton"
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or value <= 0:
+        raise InvalidRequestError(name, "must be a positive integer")

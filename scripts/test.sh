@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# One command from nothing to the full CPU test suite: bash scripts/test.sh [pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh test
+. .venv/bin/activate
+# Triton kernels run under its interpreter on CPU tensors.
+export TRITON_INTERPRET=1
+exec python -m pytest -q "$@"
