@@ -1,0 +1,196 @@
+"""Session stores: roundtrip, persistence across reopen, TTL, size cap, eviction, threading."""
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+
+import pytest
+
+from gateway.session_store import (
+    MemorySessionStore,
+    SessionRecord,
+    SessionStoreConfig,
+    SessionTooLargeError,
+    SqliteSessionStore,
+    make_session_store,
+)
+
+
+class FakeClock:
+    """A settable clock that also records which threads read it."""
+
+    def __init__(self, now: float = 1_000.0):
+        self.now = now
+        self.threads: set[int] = set()
+
+    def __call__(self) -> float:
+        self.threads.add(threading.get_ident())
+        return self.now
+
+
+def record(session_id: str, turns: int = 1, owner: str | None = "ab" * 32) -> SessionRecord:
+    messages = []
+    for i in range(turns):
+        messages += [{"role": "user", "content": f"question {i} é✓"},
+                     {"role": "assistant", "content": f"answer {i}"}]
+    return SessionRecord(session_id, owner, "be brief", {"temperature": 0.0}, messages, 0.0)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def make_store(request, tmp_path):
+    def make(clock=None, **limits):
+        clock = clock or FakeClock()
+        if request.param == "memory":
+            return MemorySessionStore(**limits, clock=clock)
+        return SqliteSessionStore(tmp_path / "sessions.db", **limits, clock=clock)
+
+    return make
+
+
+async def test_roundtrip(make_store):
+    store = make_store()
+    rec = record("s1", turns=2)
+    await store.save(rec)
+    loaded = await store.load("s1")
+    assert loaded == rec
+    assert loaded is not rec and loaded.messages is not rec.messages
+    assert await store.load("unknown") is None
+    await store.close()
+
+
+async def test_caller_mutation_does_not_change_stored(make_store):
+    store = make_store()
+    rec = record("s1")
+    await store.save(rec)
+    rec.messages.append({"role": "user", "content": "unsaved"})
+    assert len((await store.load("s1")).messages) == 2
+    await store.close()
+
+
+async def test_delete(make_store):
+    store = make_store()
+    await store.save(record("s1"))
+    await store.delete("s1")
+    await store.delete("never-there")
+    assert await store.load("s1") is None
+    await store.close()
+
+
+async def test_ttl_expiry(make_store):
+    clock = FakeClock(1_000.0)
+    store = make_store(clock, ttl_s=60.0)
+    await store.save(record("old"))
+    clock.now += 59.0
+    await store.save(record("young"))
+    assert await store.load("old") is not None
+    clock.now += 2.0  # "old" is now 61 s past its save, "young" 2 s
+    assert await store.load("old") is None
+    assert await store.load("young") is not None
+    clock.now += 1_000.0
+    assert await store.load("young") is None
+    await store.close()
+
+
+async def test_save_refreshes_ttl(make_store):
+    clock = FakeClock()
+    store = make_store(clock, ttl_s=10.0)
+    rec = record("s1")
+    await store.save(rec)
+    clock.now += 8.0
+    await store.save(rec)
+    assert rec.updated_at == clock.now
+    clock.now += 8.0
+    assert await store.load("s1") is not None
+    await store.close()
+
+
+async def test_size_cap_raises_and_keeps_previous(make_store):
+    store = make_store(max_bytes_per_session=400)
+    rec = record("s1", turns=1)
+    await store.save(rec)
+    rec.messages.append({"role": "user", "content": "x" * 500})
+    with pytest.raises(SessionTooLargeError) as info:
+        await store.save(rec)
+    assert "max_bytes_per_session" in str(info.value) and "400" in str(info.value)
+    assert info.value.size > 400 and info.value.limit == 400
+    assert len((await store.load("s1")).messages) == 2  # the last good save survives
+    await store.close()
+
+
+async def test_eviction_of_least_recently_saved(make_store):
+    clock = FakeClock()
+    store = make_store(clock, max_sessions=3)
+    for name in ["a", "b", "c"]:
+        clock.now += 1.0
+        await store.save(record(name))
+    clock.now += 1.0
+    await store.save(record("a"))  # refreshed: "b" is now the oldest
+    clock.now += 1.0
+    await store.save(record("d"))
+    assert await store.load("b") is None
+    for name in ["a", "c", "d"]:
+        assert await store.load(name) is not None, name
+    await store.close()
+
+
+async def test_sqlite_survives_reopen_and_uses_wal(tmp_path):
+    path = tmp_path / "sessions.db"
+    store = SqliteSessionStore(path)
+    await store.save(record("s1", turns=3))
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    reopened = SqliteSessionStore(path)
+    loaded = await reopened.load("s1")
+    assert loaded is not None and len(loaded.messages) == 6
+    assert loaded.messages[0]["content"] == "question 0 é✓"
+    await reopened.close()
+
+
+async def test_sqlite_closed_store_refuses(tmp_path):
+    store = SqliteSessionStore(tmp_path / "s.db")
+    await store.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await store.load("s1")
+
+
+async def test_concurrent_saves_run_off_the_loop(tmp_path):
+    clock = FakeClock()
+    store = SqliteSessionStore(tmp_path / "s.db", max_sessions=1_000, clock=clock)
+    ticks = 0
+    saving = True
+
+    async def ticker():
+        nonlocal ticks
+        while saving:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    tick_task = asyncio.create_task(ticker())
+    await asyncio.gather(*(store.save(record(f"s{i}", turns=4)) for i in range(300)))
+    saving = False
+    await tick_task
+    assert await store.count() == 300
+    assert threading.get_ident() not in clock.threads  # SQLite ran only on its thread
+    assert len(clock.threads) == 1
+    assert ticks > 10  # the loop kept running other coroutines while saves were pending
+    await store.close()
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="ttl_s"):
+        SessionStoreConfig(ttl_s=0)
+    with pytest.raises(ValueError, match="max_sessions"):
+        SessionStoreConfig(max_sessions=0)
+    with pytest.raises(ValueError, match="max_bytes_per_session"):
+        SessionStoreConfig(max_bytes_per_session=1)
+
+
+async def test_make_session_store(tmp_path):
+    memory = make_session_store(SessionStoreConfig())
+    sqlite_store = make_session_store(SessionStoreConfig(path=str(tmp_path / "s.db"), ttl_s=5))
+    assert isinstance(memory, MemorySessionStore)
+    assert isinstance(sqlite_store, SqliteSessionStore) and sqlite_store.config.ttl_s == 5
+    await memory.close()
+    await sqlite_store.close()
