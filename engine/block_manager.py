@@ -1,0 +1,131 @@
+"""Paged KV-cache blocks: reference counts and prefix caching by chained block hashes.
+
+    request.all_token_ids:  [ t0 .. t15 | t16 .. t31 | t32 .. t37 ]
+    block_size = 16           block A      block B      block C (partial, never shared)
+    hash(A) = H(None, t0..t15);  hash(B) = H(hash(A), t16..t31)
+
+A full block is registered under its chained hash; a later request with the same prefix
+finds it (after checking the tokens, since hashes can collide). A freed block keeps its
+hash and stays findable at the tail of the free queue until it is reused (LRU).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from engine.request import Request
+
+
+@dataclass(eq=False, slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+    token_ids: tuple[int, ...] | None = None
+
+
+class BlockManager:
+    """Hands out KV blocks to requests; the free queue is an OrderedDict (O(1) removal)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.hash_to_block: dict[int, int] = {}
+        self.cache_queries = 0  # tokens looked up in the prefix cache
+        self.cache_hits = 0  # tokens found
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache ---------------------------------------------------------------
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Block ids of the longest cached prefix of the request's full blocks.
+
+        The last token is never taken from the cache: its logits must be computed.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        tokens = request.all_token_ids
+        max_blocks = (len(tokens) - 1) // self.block_size
+        found, prev_hash = [], None
+        for index in range(max_blocks):
+            chunk = tuple(tokens[index * self.block_size:(index + 1) * self.block_size])
+            prev_hash = hash((prev_hash, chunk))
+            block_id = self.hash_to_block.get(prev_hash)
+            if block_id is None or self.blocks[block_id].token_ids != chunk:
+                break
+            found.append(block_id)
+        self.cache_queries += len(tokens)
+        self.cache_hits += len(found) * self.block_size
+        return found
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Register the request's newly filled blocks so later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = request.num_computed_tokens // self.block_size
+        tokens = request.all_token_ids
+        for index in range(len(request.block_hashes), num_full):
+            chunk = tuple(tokens[index * self.block_size:(index + 1) * self.block_size])
+            prev_hash = request.block_hashes[-1] if request.block_hashes else None
+            block_hash = hash((prev_hash, chunk))
+            request.block_hashes.append(block_hash)
+            block = self.blocks[request.block_ids[index]]
+            if block.block_hash is None and block_hash not in self.hash_to_block:
+                block.block_hash, block.token_ids = block_hash, chunk
+                self.hash_to_block[block_hash] = block.block_id
+
+    # -- allocation -----------------------------------------------------------------
+    def can_allocate(self, request: Request, num_new_tokens: int,
+                     cached_block_ids: list[int] = ()) -> bool:
+        needed = self.blocks_needed(request.num_computed_tokens + num_new_tokens)
+        have = len(request.block_ids) + len(cached_block_ids)
+        reusable_free = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
+        return max(0, needed - have) + reusable_free <= self.num_free_blocks
+
+    def allocate(self, request: Request, num_new_tokens: int,
+                 cached_block_ids: list[int] = ()) -> bool:
+        """Give the request blocks for its computed + new tokens; False if they don't fit."""
+        if not self.can_allocate(request, num_new_tokens, cached_block_ids):
+            return False
+        for block_id in cached_block_ids:
+            self._take(self.blocks[block_id])
+            request.block_ids.append(block_id)
+        needed = self.blocks_needed(request.num_computed_tokens + num_new_tokens)
+        while len(request.block_ids) < needed:
+            block_id, _ = self.free_queue.popitem(last=False)
+            self._evict(self.blocks[block_id])
+            self.blocks[block_id].ref_count = 1
+            request.block_ids.append(block_id)
+        return True
+
+    def free(self, request: Request) -> None:
+        """Drop the request's references; tail blocks go to the free queue first (evicted first)."""
+        for block_id in reversed(request.block_ids):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None
+        request.block_ids = []
+        request.block_hashes = []
+
+    def _take(self, block: Block) -> None:
+        if block.ref_count == 0:
+            del self.free_queue[block.block_id]
+        block.ref_count += 1
+
+    def _evict(self, block: Block) -> None:
+        if block.block_hash is not None:
+            if self.hash_to_block.get(block.block_hash) == block.block_id:
+                del self.hash_to_block[block.block_hash]
+            block.block_hash, block.token_ids = None, None

@@ -1,0 +1,165 @@
+"""EngineCore: requests in, one batch of RequestOutputs per step out. Single-threaded."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import InvalidRequestError, PromptTooLongError
+from engine.loader import load_model
+from engine.model_runner import ModelRunner
+from engine.outputs import EngineStats, RequestOutput
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.step_scheduler import StepScheduler
+
+log = logging.getLogger(__name__)
+
+_MAX_CONTEXT = 32768
+
+
+class EngineCore:
+    """The model side of tokenwire: step scheduler, block manager, runner, detokenizers."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        loaded = load_model(config.model, config.resolved_device(), config.resolved_dtype(),
+                            config.seed)
+        self.tokenizer = loaded.tokenizer
+        self.model_name = loaded.name
+        self.eos_token_ids = frozenset(loaded.config.eos_token_ids)
+        self.vocab_size = loaded.config.vocab_size
+        wanted_len = config.max_model_len or min(loaded.config.max_position_embeddings,
+                                                 _MAX_CONTEXT)
+        self.runner = ModelRunner(config, loaded, wanted_len)
+        pool_tokens = self.runner.num_blocks * config.block_size
+        self.max_model_len = min(wanted_len, pool_tokens)
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size,
+                                   config.enable_prefix_caching)
+        self.scheduler = StepScheduler(self.blocks, config.max_num_seqs,
+                                       config.max_num_batched_tokens)
+        self.requests: dict[str, Request] = {}
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self.pending: list[RequestOutput] = []
+        self.totals = EngineStats()
+
+    # -- text ------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def encode_chat(self, messages) -> list[int]:
+        """The tokenizer's chat template with the assistant's generation prompt."""
+        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                                  add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    # -- requests --------------------------------------------------------------------
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise InvalidRequestError/PromptTooLongError for a request that cannot run."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params", "must be SamplingParams")
+        if not prompt_token_ids:
+            raise InvalidRequestError("prompt", "must not be empty")
+        if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_token_ids):
+            raise InvalidRequestError("prompt", f"token ids must be in [0, {self.vocab_size})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt has {len(prompt_token_ids)} tokens; the context holds "
+                f"{self.max_model_len} including at least one generated token")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams) -> None:
+        self.validate(prompt_token_ids, params)
+        if request_id in self.requests:
+            raise InvalidRequestError("id", f"request {request_id!r} is already running")
+        request = Request(request_id, list(prompt_token_ids), params)
+        self.requests[request_id] = request
+        self.detokenizers[request_id] = IncrementalDetokenizer(
+            self.tokenizer, request.prompt_token_ids, params.stop)
+        self.scheduler.add(request)
+        self.totals.prompt_tokens += request.num_prompt_tokens
+
+    def abort_request(self, request_id: str) -> None:
+        """End a request now; its final output (cancelled) comes with the next step."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            self.pending.append(self._finish(request, "cancelled", ""))
+
+    def has_work(self) -> bool:
+        return bool(self.pending) or self.scheduler.has_work()
+
+    # -- the step --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs, self.pending = self.pending, []
+        batch = self.scheduler.schedule()
+        if not batch.requests:
+            return outputs
+        tokens = self.runner.execute(batch)
+        self.totals.steps += 1
+        for request, num_new, token in zip(batch.requests, batch.num_new_tokens, tokens):
+            request.num_computed_tokens += num_new
+            self.blocks.cache_full_blocks(request)
+            if token is not None:
+                outputs.append(self._on_token(request, token))
+        return outputs
+
+    def _on_token(self, request: Request, token: int) -> RequestOutput:
+        try:
+            return self._append_token(request, token)
+        except Exception as exc:  # one request's failure must not stop the others
+            log.exception("request %s failed", request.request_id)
+            return self._finish(request, "error", "", error=f"{type(exc).__name__}: {exc}")
+
+    def _append_token(self, request: Request, token: int) -> RequestOutput:
+        request.all_token_ids.append(token)
+        self.totals.generation_tokens += 1
+        params, detok = request.params, self.detokenizers[request.request_id]
+        reason = None
+        if token in params.stop_token_ids or (token in self.eos_token_ids
+                                               and not params.ignore_eos):
+            reason = "stop"
+        else:
+            detok.add(token)
+            reason = "stop" if detok.stopped else None
+        if reason is None and (request.num_output_tokens >= params.max_tokens
+                               or request.num_tokens >= self.max_model_len):
+            reason = "length"
+        if reason is None:
+            return self._output(request, detok.take_delta(final=False), [token])
+        detok.flush()
+        return self._finish(request, reason, detok.take_delta(final=True), [token])
+
+    def _finish(self, request: Request, reason: str, delta: str, new_tokens=(),
+                error: str | None = None) -> RequestOutput:
+        self.scheduler.finish(request, reason)
+        del self.requests[request.request_id]
+        del self.detokenizers[request.request_id]
+        self.runner.sampler.forget(request.request_id)
+        counts = self.totals.finish_reasons
+        counts[reason] = counts.get(reason, 0) + 1
+        out = self._output(request, delta, list(new_tokens))
+        out.finished, out.finish_reason, out.error = True, reason, error
+        return out
+
+    def _output(self, request: Request, delta: str, new_tokens: list[int]) -> RequestOutput:
+        return RequestOutput(
+            request.request_id, delta, new_tokens,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            num_output_tokens=request.num_output_tokens)
+
+    def stats(self) -> EngineStats:
+        t = self.totals
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=self.blocks.num_free_blocks, num_total_blocks=self.blocks.num_blocks,
+            prefix_cache_queries=self.blocks.cache_queries,
+            prefix_cache_hits=self.blocks.cache_hits,
+            num_preemptions=self.scheduler.num_preemptions, prompt_tokens=t.prompt_tokens,
+            generation_tokens=t.generation_tokens, steps=t.steps,
+            finish_reasons=dict(t.finish_reasons))

