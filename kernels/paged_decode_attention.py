@@ -1,0 +1,200 @@
+"""Paged decode attention, split-KV (flash-decoding): one query token per sequence.
+
+    context of sequence b (ctx = seq_lens[b] tokens, in blocks listed by block_tables[b]):
+    |<- partition 0 ->|<- partition 1 ->| ... |<- partition P-1 ->|   P = cdiv(max_blocks * block_size, PARTITION)
+      tiles of BLOCK_N tokens; token n lives at slot block_tables[b, n // bs] * bs + n % bs
+
+    pass 1, grid (B, Hkv, P): all GROUP = H / Hkv query heads of one kv head share each K/V
+            tile read; a program whose partition starts at or past ctx exits at once.
+            Writes unnormalised acc [GROUP, D], running max m and sum l (log2 space).
+    pass 2, grid (B, H): log-sum-exp merge of the cdiv(ctx, PARTITION) live partitions.
+When P == 1, pass 1 normalises and writes the output itself (no pass 2).
+The grid depends only on tensor shapes, never on seq_lens values, so it is graph-capturable.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._paged import gather_kv
+from kernels._checks import (check_dim, check_head_dim, check_kv_cache, check_same,
+                             check_tensor, dot_precision)
+
+DEFAULT_PARTITION_SIZE = 256
+MAX_BLOCK_N = 64
+
+
+@triton.jit
+def _decode_partition_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
+    qk_scale, max_blocks, stride_qb, stride_qh, stride_bt, stride_ob, stride_oh,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, PARTITION_SIZE: tl.constexpr, DIRECT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    part = tl.program_id(2)
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    heads = kvh * GROUP + offs_g
+    g_mask = (offs_g < GROUP)[:, None]
+    # Clamp to the table's capacity so a bad seq_len can never read past block_tables.
+    ctx_len = tl.minimum(tl.load(seq_lens_ptr + b), max_blocks * BLOCK_SIZE)
+    start = part * PARTITION_SIZE
+    out_offs = b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+    if start >= ctx_len:
+        if DIRECT:  # the only partition of an empty (padding) row: write zeros
+            zeros = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=out_ptr.dtype.element_ty)
+            tl.store(out_ptr + out_offs, zeros, mask=g_mask)
+        return
+    end = tl.minimum(ctx_len, start + PARTITION_SIZE)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask, other=0.0)
+    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    bt_row = block_tables_ptr + b * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        block_ids = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        slots = block_ids * BLOCK_SIZE + offs_n % BLOCK_SIZE
+        kv_offs = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + offs_d[None, :]
+        k = tl.load(k_cache_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        # Every tile holds >= 1 live token, so m_new is finite and no NaN can appear.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    if DIRECT:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=g_mask)
+    else:
+        rows = (b * NUM_HEADS + heads) * tl.num_programs(2) + part  # [B, H, P] index
+        tl.store(part_max_ptr + rows, m_i, mask=offs_g < GROUP)
+        tl.store(part_sum_ptr + rows, l_i, mask=offs_g < GROUP)
+        tl.store(part_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, seq_lens_ptr,
+    max_blocks, num_parts, stride_ob, stride_oh,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    PARTITION_SIZE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ctx_len = tl.minimum(tl.load(seq_lens_ptr + b), max_blocks * BLOCK_SIZE)
+    live_parts = tl.cdiv(ctx_len, PARTITION_SIZE)
+    row0 = (b * NUM_HEADS + h) * num_parts
+    m = float("-inf")
+    l = 0.0
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for p in range(0, live_parts):
+        m_p = tl.load(part_max_ptr + row0 + p)
+        m_new = tl.maximum(m, m_p)
+        alpha = tl.exp2(m - m_new)
+        beta = tl.exp2(m_p - m_new)
+        l = l * alpha + tl.load(part_sum_ptr + row0 + p) * beta
+        acc = acc * alpha + tl.load(part_acc_ptr + (row0 + p) * HEAD_DIM + offs_d) * beta
+        m = m_new
+    # seq_len 0 (graph padding): no live partition, l == 0, acc == 0 -> output zeros.
+    out = acc / tl.where(l > 0.0, l, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+def _check_args(q, k_cache, v_cache, block_tables, seq_lens, out, partition_size) -> None:
+    check_tensor("q", q, 3)
+    check_kv_cache(k_cache, v_cache)
+    check_same("k_cache", k_cache, "q", q)
+    check_tensor("block_tables", block_tables, 2, (torch.int32,))
+    check_tensor("seq_lens", seq_lens, 1, (torch.int32,))
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    check_dim("block_tables", block_tables, 0, batch)
+    check_dim("seq_lens", seq_lens, 0, batch)
+    check_dim("k_cache", k_cache, 3, head_dim)
+    check_head_dim(head_dim)
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    if partition_size < 16 or partition_size & (partition_size - 1):
+        raise ValueError(f"partition_size must be a power of two >= 16, got {partition_size}")
+    if out is not None:
+        check_tensor("out", out, 3)
+        check_same("out", out, "q", q)
+        if out.shape != q.shape:
+            raise ValueError(f"out shape {tuple(out.shape)} != q shape {tuple(q.shape)}")
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           out: torch.Tensor | None = None, *,
+                           partition_size: int = DEFAULT_PARTITION_SIZE) -> torch.Tensor:
+    """Attention of q [B, H, D] over each sequence's first seq_lens[b] cached tokens.
+
+    block_tables [B, max_blocks] int32, seq_lens [B] int32 (0 gives a zero row);
+    returns out [B, H, D] in q's dtype.
+    """
+    _check_args(q, k_cache, v_cache, block_tables, seq_lens, out, partition_size)
+    batch, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    max_blocks = block_tables.shape[1]
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    group = num_heads // num_kv_heads
+    num_parts = max(1, triton.cdiv(max_blocks * block_size, partition_size))
+    direct = num_parts == 1
+    part_shape = (batch, num_heads, num_parts) if not direct else (1,)
+    part_acc = q.new_empty(part_shape + (head_dim,), dtype=torch.float32)
+    part_max = q.new_empty(part_shape, dtype=torch.float32)
+    part_sum = q.new_empty(part_shape, dtype=torch.float32)
+    _decode_partition_kernel[(batch, num_kv_heads, num_parts)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_max, part_sum,
+        scale * math.log2(math.e), max_blocks, q.stride(0), q.stride(1),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, BLOCK_N=min(MAX_BLOCK_N, partition_size),
+        PARTITION_SIZE=partition_size, DIRECT=direct, DOT_PRECISION=dot_precision(q.dtype),
+    )
+    if not direct:
+        _decode_merge_kernel[(batch, num_heads)](
+            out, part_acc, part_max, part_sum, seq_lens, max_blocks, num_parts,
+            out.stride(0), out.stride(1), NUM_HEADS=num_heads, HEAD_DIM=head_dim,
+            BLOCK_SIZE=block_size, PARTITION_SIZE=partition_size,
+        )
+    return out
+
+
+def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                               scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain-torch paged_decode_attention (fp32 math); same arguments and result."""
+    if out is None:
+        out = torch.empty_like(q)
+    for b in range(q.shape[0]):
+        seq_len = int(seq_lens[b])
+        if seq_len == 0:
+            out[b] = 0
+            continue
+        k, v = gather_kv(k_cache, v_cache, block_tables[b], seq_len, q.shape[1])  # [H, L, D]
+        scores = torch.einsum("hd,hld->hl", q[b].float(), k) * scale
+        out[b] = torch.einsum("hl,hld->hd", scores.softmax(-1), v).to(q.dtype)
+    return out
