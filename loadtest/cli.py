@@ -1,0 +1,139 @@
+"""`tokenwire loadtest`: drive a running server over WebSocket (protocol v1) or OpenAI HTTP.
+
+    tokenwire loadtest --url ws://127.0.0.1:8000/v1/ws --num-prompts 200 --request-rate 8
+    tokenwire loadtest --url http://127.0.0.1:8000/v1 --endpoint chat --dataset sessions
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import sys
+
+from loadtest import datasets
+from loadtest.backends import HttpBackend, WsBackend
+from loadtest.config import DATASETS, ENDPOINTS, LoadTestConfig
+from loadtest.metrics import parse_goodput, summarize
+from loadtest.report import format_summary, write_json
+from loadtest.runner import Runner
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = LoadTestConfig()
+    p.add_argument("--url", default=d.url, help="ws://HOST:PORT/v1/ws or http://HOST:PORT/v1")
+    p.add_argument("--endpoint", choices=ENDPOINTS, default=d.endpoint,
+                   help="raw prompt (completions) or one user message (chat)")
+    p.add_argument("--msgpack", action="store_true", help="WebSocket frames as msgpack")
+    p.add_argument("--model", help="HTTP model name (default: the server's first model)")
+    p.add_argument("--dataset", choices=DATASETS, default=d.dataset)
+    p.add_argument("--prompts-file", help="one prompt per line, or JSONL with `prompt`")
+    p.add_argument("--num-prompts", type=int, default=d.num_prompts)
+    p.add_argument("--random-input-len", type=int, default=d.random_input_len)
+    p.add_argument("--random-output-len", type=int, default=d.random_output_len)
+    p.add_argument("--random-range-ratio", type=float, default=d.random_range_ratio)
+    p.add_argument("--num-sessions", type=int, default=d.num_sessions)
+    p.add_argument("--turns", type=int, default=d.turns, help="user turns per session")
+    p.add_argument("--think-time", type=float, default=d.think_time,
+                   help="seconds a session waits between turns")
+    p.add_argument("--request-rate", type=float, default=d.request_rate,
+                   help="requests (sessions) per second; inf sends all at once")
+    p.add_argument("--burstiness", type=float, default=d.burstiness,
+                   help="gamma shape of arrival gaps: 1 Poisson, <1 bursty, >1 regular")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--duration", type=float, default=None, help="hard cap in seconds")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host")
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")
+    p.add_argument("--tokenizer", default=d.tokenizer, help="default, none, or a local dir")
+    p.add_argument("--percentiles", default="99", help="comma-separated, e.g. 50,90,99")
+    p.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS",
+                   help="SLOs for goodput: ttft:MS tpot:MS e2el:MS")
+    p.add_argument("--result-json", help="write the summary and per-request data here")
+    p.add_argument("--plot", help="write latency CDFs and throughput over time (PNG)")
+    p.add_argument("--disable-tqdm", action="store_true")
+
+
+def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
+    return LoadTestConfig(
+        url=args.url, endpoint=args.endpoint, use_msgpack=args.msgpack, model=args.model,
+        dataset=args.dataset, prompts_file=args.prompts_file, num_prompts=args.num_prompts,
+        random_input_len=args.random_input_len, random_output_len=args.random_output_len,
+        random_range_ratio=args.random_range_ratio, num_sessions=args.num_sessions,
+        turns=args.turns, think_time=args.think_time, request_rate=args.request_rate,
+        burstiness=args.burstiness, max_concurrency=args.max_concurrency,
+        duration=args.duration, seed=args.seed, allow_remote=args.allow_remote,
+        temperature=args.temperature, ignore_eos=args.ignore_eos, tokenizer=args.tokenizer,
+        percentiles=tuple(float(p) for p in args.percentiles.split(",") if p.strip()),
+        goodput=parse_goodput(args.goodput))
+
+
+def build_workload(cfg: LoadTestConfig, tokenizer) -> dict:
+    """{"prompts": [...]} or {"sessions": [[...], ...]}, drawn from the seed."""
+    rng = random.Random(cfg.seed)
+    n = cfg.num_requests
+    if cfg.dataset != "random" and cfg.prompts_file:
+        prompts = datasets.file_prompts(cfg.prompts_file, n, cfg.random_output_len, tokenizer)
+    else:
+        prompts = datasets.random_prompts(n, cfg.random_input_len, cfg.random_output_len,
+                                          cfg.random_range_ratio, rng, tokenizer)
+    if cfg.dataset == "sessions":
+        return {"sessions": datasets.session_turns(cfg.num_sessions, cfg.turns, prompts)}
+    return {"prompts": prompts}
+
+
+def make_backend(cfg: LoadTestConfig):
+    if cfg.is_websocket:
+        return WsBackend(cfg.url, cfg.endpoint, cfg.use_msgpack, cfg.temperature,
+                         cfg.ignore_eos, cfg.connect_timeout)
+    return HttpBackend(cfg.url, cfg.endpoint, cfg.model, cfg.temperature, cfg.ignore_eos,
+                       cfg.max_concurrency or 0)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        print(f"tokenwire loadtest: {exc}", file=sys.stderr)
+        return 2
+    from loadtest.tokenizer import load_tokenizer
+
+    workload = build_workload(cfg, load_tokenizer(cfg.tokenizer))
+    runner = Runner(cfg, make_backend(cfg), show_progress=not args.disable_tqdm)
+    try:
+        outcome = asyncio.run(runner.run(**workload))
+    except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a trace
+        print(f"tokenwire loadtest: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    result = summarize(outcome.records, outcome.duration, outcome.t0, cfg.percentiles,
+                       cfg.goodput)
+    result.update(run_facts(cfg, outcome.model))
+    print(format_summary(result, cfg.percentiles))
+    if args.result_json:
+        write_json(args.result_json, result, outcome.records)
+    if args.plot:
+        from loadtest.plot import plot
+
+        plot(args.plot, outcome.records, outcome.t0, f"{cfg.url} {cfg.dataset}")
+    return 0 if result["completed"] else 1
+
+
+def run_facts(cfg: LoadTestConfig, model: str | None) -> dict:
+    rate = "inf" if math.isinf(cfg.request_rate) else cfg.request_rate
+    return {"url": cfg.url, "endpoint": cfg.endpoint, "model": model,
+            "transport": "ws+msgpack" if cfg.use_msgpack else
+            ("ws" if cfg.is_websocket else "http"),
+            "dataset": cfg.dataset, "num_requests": cfg.num_requests, "request_rate": rate,
+            "burstiness": cfg.burstiness, "max_concurrency": cfg.max_concurrency,
+            "seed": cfg.seed, "percentiles": list(cfg.percentiles), "goodput_slos": cfg.goodput}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tokenwire loadtest", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

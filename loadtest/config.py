@@ -1,0 +1,94 @@
+"""LoadTestConfig: every knob of a load test in one frozen dataclass, validated when built."""
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+DATASETS = ("random", "file", "sessions")
+ENDPOINTS = ("completions", "chat")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadTestConfig:
+    """What to drive, with which workload and arrival process, and what to report.
+
+    url: ws://HOST:PORT/v1/ws (protocol v1) or http://HOST:PORT/v1 (OpenAI-compatible).
+    Non-loopback hosts are refused unless allow_remote: a load test is not for others' servers.
+    """
+
+    url: str = "ws://127.0.0.1:8000/v1/ws"
+    endpoint: str = "completions"
+    use_msgpack: bool = False
+    model: str | None = None
+    dataset: str = "random"
+    prompts_file: str | None = None
+    num_prompts: int = 100
+    random_input_len: int = 128
+    random_output_len: int = 64
+    random_range_ratio: float = 0.0
+    num_sessions: int = 8
+    turns: int = 4
+    think_time: float = 0.0
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    duration: float | None = None
+    seed: int = 0
+    allow_remote: bool = False
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    tokenizer: str = "default"
+    percentiles: tuple[float, ...] = (99.0,)
+    goodput: dict[str, float] = field(default_factory=dict)
+    connect_timeout: float = 30.0
+
+    def __post_init__(self):
+        scheme = urlsplit(self.url).scheme
+        if scheme not in ("ws", "wss", "http", "https"):
+            raise ValueError(f"url: scheme must be ws(s) or http(s), got {self.url!r}")
+        if not self.allow_remote and not is_loopback(urlsplit(self.url).hostname or ""):
+            raise ValueError(f"url: {self.url} is not a loopback host; pass --allow-remote "
+                             "to load-test a server on another machine")
+        _check(self.endpoint in ENDPOINTS, "endpoint", f"one of {ENDPOINTS}")
+        _check(self.dataset in DATASETS, "dataset", f"one of {DATASETS}")
+        _check(self.dataset != "file" or bool(self.prompts_file), "prompts_file",
+               "required with --dataset file")
+        for name in ("num_prompts", "random_input_len", "random_output_len",
+                     "num_sessions", "turns"):
+            _check(getattr(self, name) > 0, name, "a positive integer")
+        _check(0.0 <= self.random_range_ratio < 1.0, "random_range_ratio", "in [0, 1)")
+        _check(self.think_time >= 0, "think_time", ">= 0")
+        _check(self.request_rate > 0, "request_rate", "positive or inf")
+        _check(self.burstiness > 0, "burstiness", "positive")
+        _check(self.max_concurrency is None or self.max_concurrency > 0, "max_concurrency",
+               "a positive integer")
+        _check(self.duration is None or self.duration > 0, "duration", "positive seconds")
+        _check(self.temperature >= 0, "temperature", ">= 0")
+        _check(all(0 < p <= 100 for p in self.percentiles), "percentiles", "in (0, 100]")
+
+    @property
+    def is_websocket(self) -> bool:
+        return self.url.startswith("ws")
+
+    @property
+    def num_requests(self) -> int:
+        if self.dataset == "sessions":
+            return self.num_sessions * self.turns
+        return self.num_prompts
+
+
+def is_loopback(host: str) -> bool:
+    """localhost or a loopback address; other names are not resolved (they could move)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check(ok: bool, name: str, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}: must be {expected}")

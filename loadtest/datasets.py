@@ -1,0 +1,100 @@
+"""Workloads: random token prompts (like vLLM's random dataset), a prompts file, sessions.
+
+Everything is drawn from one seeded `random.Random`, so a seed names a workload exactly.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One request to send: its text, its length in tokens and how many tokens to ask for."""
+
+    text: str
+    prompt_len: int
+    output_len: int
+
+
+def sample_len(mean: int, range_ratio: float, rng: random.Random) -> int:
+    """A length drawn uniformly from [mean*(1-r), mean*(1+r)], at least 1."""
+    low = max(1, math.floor(mean * (1 - range_ratio)))
+    high = max(low, math.ceil(mean * (1 + range_ratio)))
+    return rng.randint(low, high)
+
+
+def random_text(num_tokens: int, rng: random.Random, tokenizer=None) -> tuple[str, int]:
+    """Text of about `num_tokens` tokens and its exact length when a tokenizer is known.
+
+    With a tokenizer: random non-special token ids, decoded, re-encoded and cut to length
+    (decoding can merge ids, so the re-encode is what the server will see). Without one:
+    random short lowercase words, counted as one token each (an estimate).
+    """
+    if tokenizer is None:
+        words = ("".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 6)))
+                 for _ in range(num_tokens))
+        return " ".join(words), num_tokens
+    special = set(tokenizer.all_special_ids)
+    vocab = len(tokenizer)
+    ids = []
+    while len(ids) < num_tokens:
+        token = rng.randrange(vocab)
+        if token not in special:
+            ids.append(token)
+    text = tokenizer.decode(ids)
+    ids = tokenizer.encode(text, add_special_tokens=False)[:num_tokens]
+    return tokenizer.decode(ids), len(ids)
+
+
+def random_prompts(num: int, input_len: int, output_len: int, range_ratio: float,
+                   rng: random.Random, tokenizer=None) -> list[Prompt]:
+    """`num` random prompts with lengths around input_len/output_len."""
+    prompts = []
+    for _ in range(num):
+        text, length = random_text(sample_len(input_len, range_ratio, rng), rng, tokenizer)
+        prompts.append(Prompt(text, length, sample_len(output_len, range_ratio, rng)))
+    return prompts
+
+
+def file_prompts(path: str | Path, num: int, output_len: int, tokenizer=None) -> list[Prompt]:
+    """Prompts from a file: one per line, or JSONL objects with `prompt` (or `text`) and
+    optional `output_len`/`max_tokens`. Cycles through the file to reach `num`."""
+    entries = []
+    for line_no, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        entries.append(_parse_line(line, line_no, output_len))
+    if not entries:
+        raise ValueError(f"{path}: no prompts in file")
+    prompts = []
+    for i in range(num):
+        text, out_len = entries[i % len(entries)]
+        length = len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer \
+            else len(text.split())
+        prompts.append(Prompt(text, length, out_len))
+    return prompts
+
+
+def _parse_line(line: str, line_no: int, output_len: int) -> tuple[str, int]:
+    if not line.lstrip().startswith("{"):
+        return line, output_len
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"line {line_no}: invalid JSON ({exc.msg})") from None
+    text = obj.get("prompt", obj.get("text"))
+    if not isinstance(text, str):
+        raise ValueError(f"line {line_no}: needs a string `prompt` or `text`")
+    return text, int(obj.get("output_len", obj.get("max_tokens", output_len)))
+
+
+def session_turns(num_sessions: int, turns: int, base: list[Prompt]) -> list[list[Prompt]]:
+    """Split `num_sessions * turns` prompts into sessions, each a list of user turns."""
+    if len(base) < num_sessions * turns:
+        raise ValueError("not enough prompts for the sessions")
+    return [base[s * turns:(s + 1) * turns] for s in range(num_sessions)]

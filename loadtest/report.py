@@ -1,0 +1,91 @@
+"""The summary table (laid out like `vllm bench serve`) and the result JSON."""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+WIDTH = 50
+SECTIONS = (("ttft", "TTFT", "Time to First Token"),
+            ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+            ("itl", "ITL", "Inter-token Latency"),
+            ("e2el", "E2EL", "End-to-end Latency"))
+
+
+def _row(label: str, value) -> str:
+    if isinstance(value, float):
+        value = f"{value:.2f}"
+    return f"{label:<40} {value}"
+
+
+def _title(text: str, fill: str = "-") -> str:
+    return f" {text} ".center(WIDTH, fill) if text else fill * WIDTH
+
+
+def format_summary(result: dict, percentiles) -> str:
+    """The human-readable report of `metrics.summarize()` output plus run facts."""
+    lines = [_title("Serving Benchmark Result", "="),
+             _row("Target:", f"{result['url']} ({result['endpoint']})"),
+             _row("Successful requests:", result["completed"]),
+             _row("Failed requests:", result["failed"])]
+    if result["errors_by_code"]:
+        codes = ", ".join(f"{k}={v}" for k, v in sorted(result["errors_by_code"].items()))
+        lines.append(_row("Failures by code:", codes))
+    lines += [
+        _row("Maximum request concurrency:", result["max_concurrency"] or "unlimited"),
+        _row("Request rate (req/s):", result["request_rate"]),
+        _row("Benchmark duration (s):", result["duration"]),
+        _row("Total input tokens:", result["total_input_tokens"]),
+        _row("Total generated tokens:", result["total_output_tokens"]),
+        _row("Generated tokens (client count):", result["client_output_tokens"]),
+        _row("Deltas received:", result["total_deltas"]),
+        _row("Request throughput (req/s):", result["request_throughput"]),
+    ]
+    if "request_goodput" in result:
+        lines.append(_row("Request goodput (req/s):", result["request_goodput"]))
+    lines += [
+        _row("Output token throughput (tok/s):", result["output_throughput"]),
+        _row("Peak output token throughput (tok/s):", float(result["max_output_tokens_per_s"])),
+        _row("Peak concurrent requests:", result["max_concurrent_requests"]),
+        _row("Total token throughput (tok/s):", result["total_token_throughput"]),
+    ]
+    for key, short, title in SECTIONS:
+        lines.append(_title(title))
+        lines.append(_row(f"Mean {short} (ms):", result[f"mean_{key}_ms"]))
+        lines.append(_row(f"Median {short} (ms):", result[f"median_{key}_ms"]))
+        lines.append(_row(f"Std {short} (ms):", result[f"std_{key}_ms"]))
+        for p in percentiles:
+            lines.append(_row(f"P{p:g} {short} (ms):", result[f"p{p:g}_{key}_ms"]))
+    lines += _turn_lines(result.get("per_turn", []))
+    lines.append(_title("", "="))
+    return "\n".join(lines)
+
+
+def _turn_lines(turns: list[dict]) -> list[str]:
+    if not turns:
+        return []
+    lines = [_title("TTFT by session turn"),
+             f"{'turn':>4} {'n':>4} {'prompt':>8} {'cached':>8} {'mean ms':>9} {'median ms':>10}"]
+    for row in turns:
+        cached = row["mean_cached_tokens"]
+        cached = "-" if cached is None else f"{cached:.0f}"
+        lines.append(f"{row['turn']:>4} {row['completed']:>4} {row['mean_prompt_tokens']:>8.0f} "
+                     f"{cached:>8} {row['ttft_ms']['mean']:>9.2f} {row['ttft_ms']['median']:>10.2f}")
+    return lines
+
+
+def write_json(path: str | Path, result: dict, records) -> None:
+    """The summary plus per-request lists (as vLLM's result JSON has them)."""
+    done = [r for r in records if r.success]
+    payload = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **result,
+        "input_lens": [r.prompt_tokens for r in done],
+        "output_lens": [r.output_tokens for r in done],
+        "ttfts": [r.ttft for r in done],
+        "itls": [r.itl for r in done],
+        "e2els": [r.latency for r in done],
+        "server_ttfts_ms": [r.server_ttft_ms for r in done],
+        "errors": [r.error_code for r in records if not r.success],
+    }
+    Path(path).write_text(json.dumps(payload, indent=1))
