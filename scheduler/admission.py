@@ -1,0 +1,316 @@
+"""AdmissionController: the gateway's one door into the engine.
+
+    gateway: ticket = controller.try_admit(...)   # microseconds; raises Rejected
+             await ticket.wait()                  # until an engine slot is free
+             ... engine.generate(...) ...
+             controller.release(ticket, n_out)    # always, in a finally
+
+At most `max_running_requests` tickets hold engine slots; the rest wait in a bounded
+priority queue here (chat turns first, then higher `priority`, then arrival order), so
+the engine's own waiting queue stays short and refusals happen before any work.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from scheduler.config import SchedulerConfig
+from scheduler.policy import (ADMIT, KINDS, OVERLOADED, REJECT, AdmissionRequest, Signals,
+                              TokenBucket, decide, overload_cause)
+from scheduler.signals import DrainRate, ResourceSampler
+
+QUEUED, RUNNING, DONE = "queued", "running", "done"
+
+
+class Rejected(Exception):
+    """A refusal: `code` is `overloaded` or `rate_limited`; retry after `retry_after_ms`."""
+
+    def __init__(self, code: str, retry_after_ms: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.retry_after_ms = retry_after_ms
+
+
+class InvalidAdmission(ValueError):
+    """An admission argument is out of range (`field` names it): invalid_request."""
+
+    code = "invalid_request"
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class Ticket:
+    """One admitted request: queued until granted an engine slot, running until released."""
+
+    __slots__ = ("id", "kind", "priority", "prompt_tokens", "socket_id", "api_key",
+                 "created_at", "granted_at", "state", "_future", "_timer", "_controller")
+
+    def __init__(self, controller, ticket_id, kind, priority, prompt_tokens, socket_id,
+                 api_key, now):
+        self._controller = controller
+        self.id, self.kind, self.priority = ticket_id, kind, priority
+        self.prompt_tokens, self.socket_id, self.api_key = prompt_tokens, socket_id, api_key
+        self.created_at = now
+        self.granted_at: float | None = None
+        self.state = QUEUED
+        self._future: asyncio.Future | None = None  # set while queued
+        self._timer: asyncio.TimerHandle | None = None  # its expiry at the TTFT bound
+
+    @property
+    def queue_key(self) -> tuple[int, int]:
+        return KINDS.index(self.kind), -self.priority
+
+    @property
+    def queue_time_s(self) -> float | None:
+        return None if self.granted_at is None else self.granted_at - self.created_at
+
+    async def wait(self) -> float:
+        """Wait for an engine slot; returns seconds queued. Raises Rejected if the wait
+        outlives the time-to-first-token bound (the slot would come too late)."""
+        if self.state == QUEUED:
+            await self._future
+        if self.state != RUNNING:
+            raise Rejected(OVERLOADED, self._controller.config.retry_after_min_ms,
+                           "request was released before it got an engine slot")
+        return self.queue_time_s
+
+
+class AdmissionController:
+    """Admission, queueing and slot accounting in front of the engine.
+
+    `engine` needs only `stats()` (EngineStats: kv_usage, num_waiting); `sampler` gives
+    GPU and RSS signals (None: those signals are off). `clock` is injectable for tests.
+    """
+
+    def __init__(self, config: SchedulerConfig, engine=None,
+                 sampler: ResourceSampler | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.engine = engine
+        self.sampler = sampler
+        self.clock = clock
+        self.drain = DrainRate(config.drain_window_s)
+        self.rejections: Counter[str] = Counter()
+        self.queue_time_observers: list[Callable[[float], None]] = []
+        self.num_running = 0
+        self._queue: dict[tuple[int, int], dict[int, Ticket]] = {}  # key -> FIFO bucket
+        self._queued_tokens = 0
+        self._num_queued = 0
+        self._per_socket: Counter = Counter()
+        self._per_key: Counter = Counter()
+        self._buckets: dict[str, TokenBucket] = {}
+        self._overload: str | None = None
+        self._ids = itertools.count()
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.sampler is not None:
+            self.sampler.start()
+
+    async def stop(self) -> None:
+        """Refuse everything still queued; stop sampling."""
+        for bucket in list(self._queue.values()):
+            for ticket in list(bucket.values()):
+                self._unqueue(ticket)
+                ticket.state = DONE
+                if not ticket._future.done():
+                    ticket._future.set_exception(
+                        Rejected(OVERLOADED, self.config.retry_after_max_ms, "server stopping"))
+        if self.sampler is not None:
+            await self.sampler.stop()
+
+    # -- the door -----------------------------------------------------------------------
+    def try_admit(self, kind: str, priority: int = 0, prompt_tokens: int = 0,
+                  socket_id=None, api_key: str | None = None) -> Ticket:
+        """Admit (a ticket that runs now), queue (a ticket to `wait()` on) or raise Rejected.
+
+        Never awaits: the answer comes from counters and the latest signal samples.
+        """
+        self._check_args(kind, priority, prompt_tokens)
+        now = self.clock()
+        signals = self.signals()
+        self._update_overload(signals)
+        ahead, ahead_tokens = self._ahead((KINDS.index(kind), -priority))
+        request = AdmissionRequest(
+            kind, priority, prompt_tokens,
+            socket_inflight=self._per_socket[socket_id] if socket_id is not None else 0,
+            key_inflight=self._per_key[api_key] if api_key is not None else 0,
+            queue_ahead=ahead, queue_ahead_tokens=ahead_tokens,
+            bucket=self._bucket(api_key, now))
+        decision = decide(self.config, signals, request, self._overload, now)
+        if decision.action == REJECT:
+            self.rejections[decision.reason] += 1
+            raise Rejected(decision.reason, decision.retry_after_ms, decision.detail)
+        ticket = Ticket(self, next(self._ids), kind, priority, prompt_tokens, socket_id,
+                        api_key, now)
+        self._count_in(ticket, now)
+        if decision.action == ADMIT:
+            self._grant(ticket, now)
+        else:
+            self._enqueue(ticket)
+        self._update_busy(now)
+        return ticket
+
+    def release(self, ticket: Ticket, tokens_generated: int = 0) -> None:
+        """The request is over (finished, cancelled or failed); free its place. Idempotent."""
+        if ticket.state == DONE:
+            return
+        now = self.clock()
+        if ticket.state == QUEUED:
+            self._unqueue(ticket)
+        else:
+            self.num_running -= 1
+            self.drain.record(now, ticket.prompt_tokens)
+        ticket.state = DONE
+        if ticket._future is not None and not ticket._future.done():
+            ticket._future.cancel()
+        self._count_out(ticket, tokens_generated, now)
+        self._grant_waiting(now)
+        self._update_busy(now)
+
+    # -- signals ------------------------------------------------------------------------
+    def signals(self) -> Signals:
+        """The snapshot the policy decides on (also what /metrics and /ready report)."""
+        stats = self.engine.stats() if self.engine is not None else None
+        s = self.sampler
+        return Signals(
+            num_waiting=self._num_queued + (stats.num_waiting if stats else 0),
+            waiting_prompt_tokens=self._queued_tokens,
+            num_running=self.num_running,
+            kv_usage=stats.kv_usage if stats else None,
+            gpu_util=s.gpu_util if s else None,
+            gpu_memory_used=s.gpu_memory_used if s else None,
+            gpu_memory_total=s.gpu_memory_total if s else None,
+            rss_bytes=s.rss_bytes if s else None,
+            drain_rps=self.drain.requests_per_s,
+            drain_tps=self.drain.tokens_per_s)
+
+    @property
+    def num_waiting(self) -> int:
+        return self._num_queued
+
+    @property
+    def overloaded(self) -> str | None:
+        """The overload signal in force (for /ready), or None."""
+        self._update_overload(self.signals())
+        return self._overload
+
+    def _update_overload(self, signals: Signals) -> None:
+        self._overload = overload_cause(signals, self.config, self._overload is not None)
+
+    # -- queue and accounting -------------------------------------------------------------
+    def _check_args(self, kind: str, priority: int, prompt_tokens: int) -> None:
+        if kind not in KINDS:
+            raise InvalidAdmission("kind", f"must be one of {KINDS}")
+        c = self.config
+        if not isinstance(priority, int) or not c.priority_min <= priority <= c.priority_max:
+            raise InvalidAdmission("priority", f"must be an integer in "
+                                               f"[{c.priority_min}, {c.priority_max}]")
+        if not isinstance(prompt_tokens, int) or prompt_tokens < 0:
+            raise InvalidAdmission("prompt_tokens", "must be a non-negative integer")
+
+    def _ahead(self, key: tuple[int, int]) -> tuple[int, int]:
+        """Queued requests (and their prompt tokens) that would be served before `key`."""
+        count = tokens = 0
+        for other, bucket in self._queue.items():
+            if other <= key:
+                count += len(bucket)
+                tokens += sum(t.prompt_tokens for t in bucket.values())
+        return count, tokens
+
+    def _enqueue(self, ticket: Ticket) -> None:
+        loop = asyncio.get_running_loop()
+        ticket._future = loop.create_future()
+        ticket._timer = loop.call_later(self.config.ttft_bound_s, self._expire, ticket)
+        self._queue.setdefault(ticket.queue_key, {})[ticket.id] = ticket
+        self._num_queued += 1
+        self._queued_tokens += ticket.prompt_tokens
+
+    def _unqueue(self, ticket: Ticket) -> None:
+        ticket._timer.cancel()
+        bucket = self._queue[ticket.queue_key]
+        del bucket[ticket.id]
+        if not bucket:
+            del self._queue[ticket.queue_key]
+        self._num_queued -= 1
+        self._queued_tokens -= ticket.prompt_tokens
+
+    def _grant_waiting(self, now: float) -> None:
+        while self._queue and self.num_running < self.config.max_running_requests:
+            bucket = self._queue[min(self._queue)]
+            ticket = next(iter(bucket.values()))
+            self._unqueue(ticket)
+            self._grant(ticket, now)
+            if not ticket._future.done():  # done: its waiter was cancelled; release follows
+                ticket._future.set_result(None)
+
+    def _grant(self, ticket: Ticket, now: float) -> None:
+        ticket.state = RUNNING
+        ticket.granted_at = now
+        self.num_running += 1
+        for observe in self.queue_time_observers:
+            observe(now - ticket.created_at)
+
+    def _expire(self, ticket: Ticket) -> None:
+        """A queued ticket outlived the TTFT bound: refuse it now, with a fresh estimate."""
+        if ticket.state != QUEUED:
+            return
+        self._unqueue(ticket)
+        ticket.state = DONE
+        now = self.clock()
+        self._count_out(ticket, 0, now)
+        self._update_busy(now)
+        self.rejections[OVERLOADED] += 1
+        rps = self.drain.requests_per_s
+        retry_ms = 1000.0 * self._num_queued / rps if rps else 1000.0
+        retry_ms = min(max(retry_ms, self.config.retry_after_min_ms),
+                       self.config.retry_after_max_ms)
+        if not ticket._future.done():
+            ticket._future.set_exception(Rejected(
+                OVERLOADED, int(retry_ms), "queued past the time-to-first-token bound"))
+
+    def _count_in(self, ticket: Ticket, now: float) -> None:
+        if ticket.socket_id is not None:
+            self._per_socket[ticket.socket_id] += 1
+        if ticket.api_key is not None:
+            self._per_key[ticket.api_key] += 1
+            bucket = self._bucket(ticket.api_key, now)
+            if bucket is not None:
+                bucket.spend(ticket.prompt_tokens, now)
+
+    def _count_out(self, ticket: Ticket, tokens_generated: int, now: float) -> None:
+        _decrement(self._per_socket, ticket.socket_id)
+        if ticket.api_key is None:
+            return
+        _decrement(self._per_key, ticket.api_key)
+        bucket = self._buckets.get(ticket.api_key)
+        if bucket is not None:
+            bucket.spend(tokens_generated, now)
+
+    def _bucket(self, api_key: str | None, now: float) -> TokenBucket | None:
+        size = self.config.key_bucket_size
+        if api_key is None or size is None:
+            return None
+        bucket = self._buckets.get(api_key)
+        if bucket is None:
+            bucket = self._buckets[api_key] = TokenBucket(
+                size, self.config.key_tokens_per_minute, now)
+        return bucket
+
+    def _update_busy(self, now: float) -> None:
+        """The drain rate is measured only while the engine is saturated."""
+        saturated = self._num_queued > 0 or self.num_running >= self.config.max_running_requests
+        self.drain.set_busy(now, saturated)
+
+
+def _decrement(counter: Counter, key) -> None:
+    if key is None:
+        return
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]  # so per-socket counts do not outlive their sockets

@@ -1,0 +1,122 @@
+"""SchedulerConfig: every admission and backpressure limit in one frozen dataclass."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SchedulerConfigError(ValueError):
+    """A scheduler limit is out of range; `field` names it."""
+
+    code = "invalid_request"
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Admission limits. None switches a limit off.
+
+    Overload signals use hysteresis: the server enters overload when any signal reaches
+    its `*_enter` threshold and leaves only when every signal is back under its `*_leave`
+    threshold, so a load hovering at one threshold does not flap between admit and refuse.
+    """
+
+    # Engine slots: requests handed to the engine at once; the rest wait in our queue.
+    max_running_requests: int = 32
+    # The bounded waiting queue in front of the engine.
+    max_waiting_requests: int = 128
+    max_waiting_prompt_tokens: int = 65536
+    # Share of the queue only chat turns may use (bulk `generate` stops short of it).
+    chat_reserved_fraction: float = 0.25
+    # Overload signals (ratios in [0, 1]; bytes for memory).
+    kv_usage_enter: float = 0.95
+    kv_usage_leave: float = 0.85
+    # NVML utilization reads 100% whenever any kernel ran in its sample window, so it is
+    # a weak overload signal on a busy server: off unless asked for.
+    gpu_util_enter: float | None = None
+    gpu_util_leave: float | None = None
+    gpu_memory_enter: float | None = 0.98  # used / total
+    gpu_memory_leave: float | None = 0.95
+    max_rss_bytes: int | None = None  # process resident memory (psutil)
+    rss_leave_ratio: float = 0.9  # leave overload under max_rss_bytes * this
+    # Fairness limits (rate_limited).
+    max_inflight_per_socket: int = 8
+    max_inflight_per_key: int | None = 64
+    key_tokens_per_minute: int | None = None  # token bucket per API key; prompt+output
+    key_burst_tokens: int | None = None  # bucket size; None: one minute's worth
+    # `priority` request param: higher runs first, within these bounds.
+    priority_min: int = -100
+    priority_max: int = 100
+    # Signals.
+    nvml_interval_s: float = 1.0
+    drain_window_s: float = 10.0  # time constant of the drain-rate EWMA
+    # Per-stream mailboxes: a socket that cannot take a frame within this is closed.
+    mailbox_send_timeout_s: float = 10.0
+    # Queued requests whose estimated wait would push time-to-first-token past this are
+    # refused up front; a queued request still waiting after it is refused then.
+    ttft_bound_s: float = 5.0
+    queue_budget_fraction: float = 0.5  # share of ttft_bound_s a request may spend queued
+    retry_after_min_ms: int = 100
+    retry_after_max_ms: int = 30000
+
+    def __post_init__(self):
+        for name in ("max_running_requests", "max_waiting_requests",
+                     "max_waiting_prompt_tokens", "max_inflight_per_socket"):
+            _positive_int(name, getattr(self, name))
+        for name in ("max_inflight_per_key", "key_tokens_per_minute", "key_burst_tokens",
+                     "max_rss_bytes"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        _ratio("chat_reserved_fraction", self.chat_reserved_fraction, upper_open=True)
+        _ratio("rss_leave_ratio", self.rss_leave_ratio)
+        _ratio("queue_budget_fraction", self.queue_budget_fraction)
+        _pair("kv_usage", self.kv_usage_enter, self.kv_usage_leave)
+        _pair("gpu_util", self.gpu_util_enter, self.gpu_util_leave)
+        _pair("gpu_memory", self.gpu_memory_enter, self.gpu_memory_leave)
+        if self.priority_min > self.priority_max:
+            raise SchedulerConfigError("priority_min", "must not exceed priority_max")
+        for name in ("nvml_interval_s", "drain_window_s", "mailbox_send_timeout_s",
+                     "ttft_bound_s"):
+            if not getattr(self, name) > 0:
+                raise SchedulerConfigError(name, "must be positive")
+        if not 0 < self.retry_after_min_ms <= self.retry_after_max_ms:
+            raise SchedulerConfigError("retry_after_min_ms",
+                                       "must be positive and at most retry_after_max_ms")
+
+    @property
+    def generate_waiting_limit(self) -> int:
+        """Queue places bulk `generate` may fill; the rest is reserved for chat."""
+        return max(1, int(self.max_waiting_requests * (1.0 - self.chat_reserved_fraction)))
+
+    @property
+    def generate_waiting_tokens_limit(self) -> int:
+        return max(1, int(self.max_waiting_prompt_tokens * (1.0 - self.chat_reserved_fraction)))
+
+    @property
+    def key_bucket_size(self) -> int | None:
+        if self.key_tokens_per_minute is None:
+            return None
+        return self.key_burst_tokens or self.key_tokens_per_minute
+
+
+def _positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise SchedulerConfigError(name, "must be a positive integer")
+
+
+def _ratio(name: str, value: float, upper_open: bool = False) -> None:
+    ok = 0.0 <= value < 1.0 if upper_open else 0.0 < value <= 1.0
+    if not ok:
+        raise SchedulerConfigError(name, "must be a ratio in " + ("[0, 1)" if upper_open else "(0, 1]"))
+
+
+def _pair(name: str, enter: float | None, leave: float | None) -> None:
+    """Hysteresis thresholds: both or neither, ratios, leave strictly below enter."""
+    if (enter is None) != (leave is None):
+        raise SchedulerConfigError(f"{name}_leave", "set both enter and leave, or neither")
+    if enter is None:
+        return
+    if not 0.0 < leave < enter <= 1.0:
+        raise SchedulerConfigError(f"{name}_leave", "need 0 < leave < enter <= 1")

@@ -1,0 +1,173 @@
+"""AdmissionController with a fake clock and a fake engine stats snapshot."""
+import asyncio
+
+import pytest
+
+from engine.outputs import EngineStats
+from scheduler.admission import AdmissionController, InvalidAdmission, Rejected
+from scheduler.config import SchedulerConfig
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakeEngine:
+    def __init__(self):
+        self.snapshot = EngineStats(num_total_blocks=100, num_free_blocks=100)
+
+    def stats(self):
+        return self.snapshot
+
+
+def make(**kw):
+    cfg = dict(max_running_requests=2, max_waiting_requests=4, max_inflight_per_socket=8,
+               ttft_bound_s=2.0)
+    cfg.update(kw)
+    clock, engine = FakeClock(), FakeEngine()
+    return AdmissionController(SchedulerConfig(**cfg), engine, clock=clock), clock, engine
+
+
+async def test_slots_then_queue_then_grant_in_priority_order():
+    ctl, clock, _ = make()
+    running = [ctl.try_admit("generate") for _ in range(2)]
+    assert all(t.state == "running" for t in running)
+    bulk = ctl.try_admit("generate", priority=5)
+    chat = ctl.try_admit("chat")
+    urgent = ctl.try_admit("generate", priority=9)
+    assert ctl.num_waiting == 3 and ctl.signals().num_waiting == 3
+    clock.now = 0.5
+    ctl.release(running[0], tokens_generated=3)
+    assert await chat.wait() == 0.5  # chat first, despite arriving after bulk
+    ctl.release(running[1])
+    await urgent.wait()  # then the higher priority
+    assert bulk.state == "queued"
+    ctl.release(chat)
+    await bulk.wait()
+    assert ctl.num_running == 2 and ctl.num_waiting == 0
+
+
+async def test_release_while_queued_frees_the_place():
+    ctl, _, _ = make()
+    for _ in range(2):
+        ctl.try_admit("chat")
+    queued = ctl.try_admit("chat", prompt_tokens=7)
+    ctl.release(queued)
+    ctl.release(queued)  # idempotent
+    assert ctl.num_waiting == 0 and ctl.signals().waiting_prompt_tokens == 0
+    with pytest.raises(Rejected):
+        await queued.wait()
+
+
+async def test_queued_past_ttft_bound_is_refused():
+    ctl, _, _ = make(ttft_bound_s=0.05)
+    for _ in range(2):
+        ctl.try_admit("chat")
+    late = ctl.try_admit("chat")
+    with pytest.raises(Rejected) as info:
+        await late.wait()
+    assert info.value.code == "overloaded" and info.value.retry_after_ms > 0
+    assert ctl.num_waiting == 0 and ctl.rejections["overloaded"] == 1
+
+
+async def test_cancelled_waiter_does_not_leak_a_slot():
+    ctl, _, _ = make()
+    running = [ctl.try_admit("chat") for _ in range(2)]
+    ticket = ctl.try_admit("chat")
+    task = asyncio.create_task(ticket.wait())
+    await asyncio.sleep(0)
+    task.cancel()
+    ctl.release(running[0])  # grants the ticket whose waiter is going away
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    ctl.release(ticket)  # the gateway's finally
+    assert ctl.num_running == 1 and ctl.num_waiting == 0
+
+
+async def test_per_socket_and_key_limits():
+    ctl, _, _ = make(max_running_requests=8, max_inflight_per_socket=2, max_inflight_per_key=3)
+    a = [ctl.try_admit("generate", socket_id="s1", api_key="k") for _ in range(2)]
+    with pytest.raises(Rejected) as info:
+        ctl.try_admit("generate", socket_id="s1", api_key="k")
+    assert info.value.code == "rate_limited"
+    ctl.try_admit("generate", socket_id="s2", api_key="k")
+    with pytest.raises(Rejected):
+        ctl.try_admit("generate", socket_id="s3", api_key="k")
+    ctl.release(a[0])
+    ctl.try_admit("generate", socket_id="s1", api_key="k")
+    assert ctl.rejections == {"rate_limited": 2}
+
+
+async def test_key_token_bucket_charges_prompt_and_output():
+    ctl, clock, _ = make(max_running_requests=8, key_tokens_per_minute=600)  # 10/s
+    t = ctl.try_admit("generate", prompt_tokens=500, api_key="k")
+    ctl.release(t, tokens_generated=100)  # bucket now empty
+    with pytest.raises(Rejected) as info:
+        ctl.try_admit("generate", prompt_tokens=50, api_key="k")
+    assert (info.value.code, info.value.retry_after_ms) == ("rate_limited", 5000)
+    ctl.try_admit("generate", prompt_tokens=50, api_key="other")  # keys are separate
+    clock.now = 5.0
+    ctl.try_admit("generate", prompt_tokens=50, api_key="k")
+
+
+async def test_kv_overload_with_hysteresis_and_ready_flag():
+    ctl, _, engine = make(max_running_requests=8)
+    engine.snapshot = EngineStats(num_total_blocks=100, num_free_blocks=4)  # 96% used
+    with pytest.raises(Rejected) as info:
+        ctl.try_admit("chat")
+    assert info.value.code == "overloaded" and ctl.overloaded == "kv_usage"
+    engine.snapshot = EngineStats(num_total_blocks=100, num_free_blocks=10)  # 90%
+    with pytest.raises(Rejected):
+        ctl.try_admit("chat")  # still above the leave threshold
+    engine.snapshot = EngineStats(num_total_blocks=100, num_free_blocks=20)  # 80%
+    ctl.try_admit("chat")
+    assert ctl.overloaded is None
+
+
+async def test_drain_rate_feeds_retry_estimates():
+    ctl, clock, _ = make(max_running_requests=1, max_waiting_requests=50, ttft_bound_s=2.0)
+    first = ctl.try_admit("generate")
+    queued = [ctl.try_admit("generate") for _ in range(1)]  # saturated from t=0
+    for i in range(1, 9):  # one completion every 0.25 s: 4/s
+        clock.now = i * 0.25
+        ctl.release(first)
+        first = queued.pop(0)
+        queued.append(ctl.try_admit("generate"))
+    assert ctl.signals().drain_rps == pytest.approx(4.0, rel=0.2)
+    admitted = sum(_try(ctl) for _ in range(10))  # budget 1 s at 4/s: about 4 places
+    assert 2 <= admitted <= 4
+    with pytest.raises(Rejected) as info:
+        ctl.try_admit("generate")
+    assert 100 <= info.value.retry_after_ms <= 1000
+
+
+def _try(ctl) -> bool:
+    try:
+        ctl.try_admit("generate")
+        return True
+    except Rejected:
+        return False
+
+
+async def test_stop_refuses_the_queue():
+    ctl, _, _ = make()
+    for _ in range(2):
+        ctl.try_admit("chat")
+    queued = ctl.try_admit("chat")
+    await ctl.stop()
+    with pytest.raises(Rejected):
+        await queued.wait()
+
+
+@pytest.mark.parametrize("args,field", [(("bulk",), "kind"),
+                                        (("chat", 101), "priority"),
+                                        (("chat", 0, -1), "prompt_tokens")])
+async def test_bad_arguments_name_the_field(args, field):
+    ctl, _, _ = make()
+    with pytest.raises(InvalidAdmission) as info:
+        ctl.try_admit(*args)
+    assert info.value.field == field and info.value.code == "invalid_request"
