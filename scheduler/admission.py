@@ -83,15 +83,16 @@ class Ticket:
 class AdmissionController:
     """Admission, queueing and slot accounting in front of the engine.
 
-    `engine` needs only `stats()` (EngineStats: kv_usage, num_waiting); `sampler` gives
-    GPU and RSS signals (None: those signals are off). `clock` is injectable for tests.
+    `engine_stats` returns the engine's latest EngineStats (kv_usage, num_waiting) or None
+    while it loads; `sampler` gives GPU and RSS signals (None: those signals are off).
+    `clock` is injectable for tests.
     """
 
-    def __init__(self, config: SchedulerConfig, engine=None,
+    def __init__(self, config: SchedulerConfig, engine_stats: Callable[[], object] | None = None,
                  sampler: ResourceSampler | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.config = config
-        self.engine = engine
+        self.engine_stats = engine_stats
         self.sampler = sampler
         self.clock = clock
         self.drain = DrainRate(config.drain_window_s)
@@ -176,7 +177,7 @@ class AdmissionController:
     # -- signals ------------------------------------------------------------------------
     def signals(self) -> Signals:
         """The snapshot the policy decides on (also what /metrics and /ready report)."""
-        stats = self.engine.stats() if self.engine is not None else None
+        stats = self.engine_stats() if self.engine_stats is not None else None
         s = self.sampler
         return Signals(
             num_waiting=self._num_queued + (stats.num_waiting if stats else 0),

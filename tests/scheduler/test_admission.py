@@ -29,7 +29,7 @@ def make(**kw):
                ttft_bound_s=2.0)
     cfg.update(kw)
     clock, engine = FakeClock(), FakeEngine()
-    return AdmissionController(SchedulerConfig(**cfg), engine, clock=clock), clock, engine
+    return AdmissionController(SchedulerConfig(**cfg), engine.stats, clock=clock), clock, engine
 
 
 async def test_slots_then_queue_then_grant_in_priority_order():
@@ -171,3 +171,24 @@ async def test_bad_arguments_name_the_field(args, field):
     with pytest.raises(InvalidAdmission) as info:
         ctl.try_admit(*args)
     assert info.value.field == field and info.value.code == "invalid_request"
+
+
+async def test_register_metrics_skips_names_the_registry_has():
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    from scheduler.metrics import register_metrics
+
+    ctl, _, _ = make()
+    registry = CollectorRegistry()
+    Gauge("tokenwire_requests_running", "owned by the gateway", registry=registry)
+    added = register_metrics(registry, ctl)
+    assert "tokenwire_requests_running" not in added
+    assert {"tokenwire_admission_rejections", "tokenwire_requests_waiting"} <= added
+    ctl.try_admit("chat")
+    ctl.try_admit("chat")
+    with pytest.raises(Rejected):
+        ctl.try_admit("chat", prompt_tokens=10**9)  # engine full, queue cannot hold it
+    text = generate_latest(registry).decode()
+    assert text.count("# TYPE tokenwire_requests_running ") == 1
+    assert 'tokenwire_admission_rejections_total{reason="overloaded"} 1.0' in text
+    assert "tokenwire_gpu_utilization_ratio NaN" in text
