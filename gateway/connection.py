@@ -1,0 +1,273 @@
+"""Connection: one WebSocket's reader, request tasks and writer.
+
+The handler task is the only caller of `receive()` (it iterates the socket); each chat or
+generate runs as its own task that feeds the Outbox; one writer task writes frames.
+Closing the socket cancels the request tasks, which closes their engine generators and
+so aborts the requests (KV blocks freed) before the cancellation re-raises.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+
+from aiohttp import WSMsgType, web
+
+from engine.errors import EngineError
+from gateway import protocol as p
+from gateway.outbox import CLOSE_SLOW_CONSUMER, Outbox, OutboxFull, run_writer
+from gateway.params import build_params
+from gateway.admission import InflightCounter
+from gateway.sessions import LiveSession
+from gateway.state import Runtime
+from gateway.stream import Stream
+
+log = logging.getLogger(__name__)
+_conn_ids = itertools.count()
+
+
+class Connection:
+    """A socket attached to a session; `serve()` runs until the socket closes."""
+
+    def __init__(self, rt: Runtime, ws: web.WebSocketResponse, codec: p.Codec,
+                 session: LiveSession, resumed: bool):
+        self.rt = rt
+        self.ws = ws
+        self.codec = codec
+        self.session = session
+        self.resumed = resumed
+        self.tag = f"ws{next(_conn_ids)}"
+        self.streams: dict[str, Stream] = {}
+        self.inflight = InflightCounter()
+        self.outbox = Outbox(rt.config.max_pending_frames)
+        self._engine_ids = itertools.count()
+        self._handlers = {p.Chat: self._on_chat, p.Generate: self._on_generate,
+                          p.Cancel: self._on_cancel, p.SessionUpdate: self._on_session_update,
+                          p.Ping: self._on_ping}
+
+    # -- the socket's lifetime -----------------------------------------------------------
+    async def serve(self) -> None:
+        writer = asyncio.create_task(run_writer(
+            self.ws, self.codec, self.outbox, self.rt.metrics, self.rt.config.send_timeout_s,
+            self._on_stuck))
+        self.outbox.put(self._hello())
+        try:
+            await self._read_loop()
+        finally:
+            await self._abort_all()
+            self.outbox.close()
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+    async def _read_loop(self) -> None:
+        try:
+            async for msg in self.ws:
+                if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    self._handle(msg.data)
+                elif msg.type == WSMsgType.ERROR:
+                    break
+        except asyncio.TimeoutError:  # receive_timeout: the client went quiet
+            await self.ws.close(code=1000, message=b"receive timeout")
+        except OutboxFull:
+            await self.ws.close(code=CLOSE_SLOW_CONSUMER, message=b"client is not reading")
+
+    async def _abort_all(self) -> None:
+        tasks = [s.task for s in self.streams.values() if s.task is not None]
+        for task in tasks:
+            task.cancel()  # cancel_requested stays False: the cancellation re-raises
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _on_stuck(self) -> None:
+        asyncio.create_task(self._close_stuck())
+
+    async def _close_stuck(self) -> None:
+        try:
+            await asyncio.wait_for(self.ws.close(code=CLOSE_SLOW_CONSUMER,
+                                                 message=b"send timeout"), 1.0)
+        except (asyncio.TimeoutError, ConnectionError):
+            transport = self.ws._req.transport if self.ws._req else None  # noqa: SLF001
+            if transport is not None:
+                transport.abort()
+
+    async def close(self, code: int, message: bytes) -> None:
+        """Close after the frames already queued are written (used by the drain)."""
+        for _ in range(50):
+            if self.outbox.empty:
+                break
+            await asyncio.sleep(0.02)
+        await self.ws.close(code=code, message=message)
+
+    def _hello(self) -> dict:
+        engine = self.rt.engine
+        return {"type": "hello", "protocol": p.PROTOCOL, "session_id": self.session.id,
+                "resumed": self.resumed, "model": engine.model_name,
+                "limits": self.rt.config.limits(engine.max_model_len)}
+
+    # -- client messages -----------------------------------------------------------------
+    def _handle(self, data: bytes | str) -> None:
+        try:
+            if self.codec.binary and isinstance(data, str):
+                raise p.ProtocolError("invalid_json", "this socket speaks msgpack: send "
+                                      "binary frames")
+            msg = self.codec.decode(data)
+            if isinstance(msg, p.Bare):
+                self._on_bare(msg)
+            else:
+                self._handlers[type(msg)](msg)
+        except p.ProtocolError as exc:
+            self.outbox.put(exc.frame())
+
+    def _check_new(self, request_id: str) -> None:
+        if self.rt.status == "draining":
+            raise p.ProtocolError("draining", "the server is shutting down; reconnect later",
+                                  request_id)
+        if request_id in self.streams:
+            raise p.ProtocolError("duplicate_id", f"id: {request_id!r} is already running",
+                                  request_id)
+
+    def _on_chat(self, msg: p.Chat) -> None:
+        self._check_new(msg.id)
+        if self.session.active_turn is not None:
+            raise p.ProtocolError("busy", f"chat turn {self.session.active_turn!r} is still "
+                                  "running in this session", msg.id)
+        params = build_params(self.rt.config, self.session.record.params, msg.params,
+                              request_id=msg.id)
+        self.session.record.messages.append({"role": "user", "content": msg.content})
+        self.session.active_turn = msg.id
+        stream = self._start(msg.id, "chat")
+        stream.task = asyncio.create_task(self._run_chat(stream, params))
+
+    def _on_generate(self, msg: p.Generate) -> None:
+        self._check_new(msg.id)
+        params = build_params(self.rt.config, msg.params, request_id=msg.id)
+        if msg.messages is not None:
+            prompt = [{"role": m.role, "content": m.content} for m in msg.messages]
+        else:
+            prompt = msg.prompt
+        stream = self._start(msg.id, "generate")
+        stream.task = asyncio.create_task(self._run_generate(stream, prompt, params))
+
+    def _start(self, request_id: str, kind: str) -> Stream:
+        stream = Stream(request_id, f"{self.tag}-{next(self._engine_ids)}", kind)
+        self.streams[request_id] = stream
+        return stream
+
+    def _on_cancel(self, msg: p.Cancel) -> None:
+        stream = self.streams.get(msg.id)
+        if stream is None:
+            raise p.ProtocolError("not_found", f"id: no running request {msg.id!r}", msg.id)
+        stream.cancel_requested = True
+        stream.task.cancel()
+
+    def _on_session_update(self, msg: p.SessionUpdate) -> None:
+        record = self.session.record
+        if msg.params is not None:
+            build_params(self.rt.config, msg.params)  # refuse bad defaults now, not per turn
+            record.params = dict(msg.params)
+        if msg.system is not None:
+            record.system = msg.system or None
+        self._save_then_reply()
+
+    def _on_bare(self, msg: p.Bare) -> None:
+        if msg.type == "session.history":
+            self.outbox.put({"type": "session.history", "session_id": self.session.id,
+                             "system": self.session.record.system,
+                             "messages": list(self.session.record.messages)})
+            return
+        if self.session.active_turn is not None:
+            raise p.ProtocolError("busy", "a chat turn is running; cancel it first")
+        self.session.record.messages.clear()
+        self._save_then_reply()
+
+    def _on_ping(self, msg: p.Ping) -> None:
+        self.outbox.put({"type": "pong", "t": msg.t})
+
+    def _save_then_reply(self) -> None:
+        record = self.session.record
+        reply = {"type": "session.updated", "session_id": record.session_id,
+                 "system": record.system, "params": record.params,
+                 "history_length": len(record.messages)}
+        asyncio.create_task(self._save(reply))
+
+    async def _save(self, reply: dict | None = None, request_id: str | None = None) -> bool:
+        error = await self.rt.sessions.save(self.session)
+        if error is not None:
+            self.outbox.put(p.ProtocolError("too_large", error, request_id).frame())
+        elif reply is not None:
+            self.outbox.put(reply)
+        return error is None
+
+    # -- request tasks -------------------------------------------------------------------
+    async def _run_chat(self, stream: Stream, params) -> None:
+        try:
+            await self._run(stream, self._chat_prompt, params)
+        finally:
+            self.session.end_turn(stream.text)
+            await asyncio.shield(self._save(request_id=stream.id))
+
+    async def _chat_prompt(self, stream: Stream, max_tokens: int) -> list[int] | None:
+        """Save the accepted user turn, then render the session's chat, oldest turns
+        dropped until it leaves room for the reply."""
+        if not await self._save(request_id=stream.id):
+            return None
+        engine = self.rt.engine
+        messages = self.session.chat_messages()
+        first = 1 if self.session.record.system else 0
+        prompt = engine.encode_chat(messages)
+        while len(prompt) + max_tokens > engine.max_model_len and len(messages) - first > 1:
+            del messages[first:first + 2]  # one user turn and its reply
+            prompt = engine.encode_chat(messages)
+        return prompt
+
+    async def _run_generate(self, stream: Stream, prompt, params) -> None:
+        async def render(_stream: Stream, _max_tokens: int):
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+                return self.rt.engine.encode_chat(prompt)
+            return prompt
+
+        await self._run(stream, render, params)
+
+    async def _run(self, stream: Stream, render, params) -> None:
+        """Admit, stream engine outputs into the outbox, then `done` (or one `error`)."""
+        ticket = None
+        try:
+            ticket = await self.rt.gate.admit(stream.id, self.inflight, stream.kind,
+                                              params.priority)
+            stream.admitted = time.perf_counter()
+            prompt = await render(stream, params.max_tokens)
+            if prompt is None:
+                return
+            generator = self.rt.engine.generate(prompt, params, stream.engine_id)
+            async with contextlib.aclosing(generator) as outputs:
+                async for out in outputs:
+                    stream.absorb(out)
+                    self.outbox.put_delta(stream)
+            self.outbox.put_done(stream)
+        except asyncio.CancelledError:
+            if not stream.cancel_requested:
+                raise  # the socket closed: nothing to tell, the generator already aborted
+            asyncio.current_task().uncancel()
+            stream.finish_reason = "cancelled"
+            self.outbox.put_done(stream)
+        except p.ProtocolError as exc:
+            self.outbox.put(exc.frame())
+        except Exception as exc:  # noqa: BLE001 - a request's failure must not kill the socket
+            self._request_failed(stream, exc)
+        finally:
+            if ticket is not None:
+                ticket.release()
+            self.streams.pop(stream.id, None)
+
+    def _request_failed(self, stream: Stream, exc: Exception) -> None:
+        code = exc.code if isinstance(exc, EngineError) else "internal"
+        if code == "internal":
+            log.error("request %s failed", stream.engine_id, exc_info=exc)
+        if stream.first_written is None and not stream.queued:
+            message = str(exc) if code != "internal" else "internal error"
+            self.outbox.put(p.ProtocolError(code, message, stream.id).frame())
+            return
+        stream.finish_reason, stream.error = "error", "internal error"
+        self.outbox.put_done(stream)

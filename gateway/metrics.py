@@ -1,0 +1,98 @@
+"""Prometheus metrics (prefix tokenwire_), one CollectorRegistry per app.
+
+Latency histograms and socket gauges are kept by the gateway as frames are written;
+engine-side counters and gauges are read from the engine's stats snapshot at scrape time,
+so they cost nothing between scrapes.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from engine.outputs import EngineStats
+
+P = "tokenwire_"
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+                    1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+                0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+
+# (util 0..1, memory bytes) of the GPU, or None where there is none (the scheduler's
+# NVML sampler plugs in here; it samples off the event loop).
+GpuSampler = Callable[[], "tuple[float, int] | None"]
+
+
+class Metrics:
+    """Every metric DESIGN.md lists, registered in this object's own registry."""
+
+    def __init__(self, engine_stats: Callable[[], EngineStats | None],
+                 gpu_sampler: GpuSampler | None = None):
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttft = Histogram(P + "time_to_first_token_seconds", "Request received to first "
+                              "token written", buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(P + "inter_token_latency_seconds", "Gap between tokens, "
+                             "measured when their frame is written", buckets=_ITL_BUCKETS,
+                             registry=r)
+        self.e2e = Histogram(P + "e2e_request_latency_seconds", "Request received to done "
+                             "written", buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram(P + "request_queue_time_seconds", "Request received to "
+                                    "admitted", buckets=_LATENCY_BUCKETS, registry=r)
+        self.ws_active = Gauge(P + "websocket_connections_active", "Open WebSockets",
+                               registry=r)
+        self.sessions_active = Gauge(P + "sessions_active", "Sessions attached to a socket",
+                                     registry=r)
+        self.rejections = Counter(P + "admission_rejections", "Requests refused at "
+                                  "admission", ["reason"], registry=r)
+        self.requests = Counter(P + "requests", "Finished requests", ["finish_reason"],
+                                registry=r)
+        r.register(_EngineCollector(engine_stats, gpu_sampler))
+
+    def observe_done(self, stream, now: float) -> None:
+        """A request's `done` (or last SSE chunk) was written."""
+        self.e2e.observe(now - stream.received)
+        if stream.admitted is not None:
+            self.queue_time.observe(stream.admitted - stream.received)
+        self.requests.labels(stream.finish_reason or "stop").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCollector:
+    """Reads the engine's latest stats snapshot at scrape time."""
+
+    def __init__(self, engine_stats, gpu_sampler):
+        self._engine_stats = engine_stats
+        self._gpu_sampler = gpu_sampler
+
+    def describe(self):
+        return []  # families are only known at collect time; skip the registry's dry run
+
+    def collect(self):
+        s = self._engine_stats() or EngineStats()
+        yield _gauge("requests_running", "Requests in the engine's running batch", s.num_running)
+        yield _gauge("requests_waiting", "Requests waiting in the engine", s.num_waiting)
+        yield _gauge("kv_cache_usage_ratio", "Share of KV blocks in use", s.kv_usage)
+        gpu = self._gpu_sampler() if self._gpu_sampler else None
+        util, mem = gpu if gpu is not None else (math.nan, math.nan)  # NaN: no GPU here
+        yield _gauge("gpu_utilization_ratio", "GPU utilization (NVML), NaN without a GPU", util)
+        yield _gauge("gpu_memory_used_bytes", "GPU memory used (NVML), NaN without a GPU", mem)
+        yield _counter("prompt_tokens", "Prompt tokens prefilled", s.prompt_tokens)
+        yield _counter("generation_tokens", "Tokens generated", s.generation_tokens)
+        yield _counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                       s.prefix_cache_queries)
+        yield _counter("prefix_cache_hits", "Prompt tokens found in the prefix cache",
+                       s.prefix_cache_hits)
+        yield _counter("preemptions", "Requests preempted for KV blocks", s.num_preemptions)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(P + name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(P + name, doc, value=value)

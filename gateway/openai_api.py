@@ -1,0 +1,282 @@
+"""OpenAI-compatible HTTP: /v1/models, /v1/chat/completions, /v1/completions.
+
+`stream: true` answers Server-Sent Events, one chunk per engine output, ending with
+`data: [DONE]`; `stream_options.include_usage` adds a usage chunk before it. Errors are
+OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import secrets
+import time
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from engine.errors import EngineError
+from gateway.auth import authenticate, check_origin, error_response
+from gateway.params import build_params
+from gateway.protocol import ROLES, ProtocolError
+from gateway.state import RUNTIME, Runtime
+from gateway.stream import Stream
+
+_ids = itertools.count()
+# OpenAI request fields that map onto SamplingParams (same names).
+_PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                 "presence_penalty", "frequency_penalty", "stop", "seed", "ignore_eos",
+                 "priority")
+
+
+class _Part(msgspec.Struct):
+    type: str
+    text: str = ""
+
+
+class _ChatMessage(msgspec.Struct):
+    role: str
+    content: str | list[_Part] | None = None
+
+
+class _StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    ignore_eos: bool | None = None
+    priority: int | None = None
+
+
+class ChatRequest(_Common, kw_only=True):
+    messages: list[_ChatMessage]
+
+
+class CompletionRequest(_Common, kw_only=True):
+    prompt: str | list[str | int]  # text, token ids, or a list holding one text
+
+
+async def models(request: web.Request) -> web.Response:
+    rt = _runtime(request)
+    name = rt.engine.model_name if rt.engine is not None else "loading"
+    return web.json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "tokenwire",
+         "max_model_len": rt.engine.max_model_len if rt.engine is not None else None}]})
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    rt = _runtime(request)
+    req = await _decode(request, ChatRequest)
+    messages = [{"role": m.role, "content": _text(m.content)} for m in req.messages]
+    if not messages:
+        raise _bad("messages: must not be empty", "messages")
+    for i, m in enumerate(messages):
+        if m["role"] not in ROLES:
+            raise _bad(f"messages[{i}].role: must be one of {sorted(ROLES)}", "messages")
+    return await _complete(request, rt, req, rt.engine.encode_chat(messages), chat=True)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    rt = _runtime(request)
+    req = await _decode(request, CompletionRequest)
+    prompt = req.prompt
+    if isinstance(prompt, list) and any(isinstance(x, str) for x in prompt):
+        if len(prompt) != 1:
+            raise _bad("prompt: only one prompt per request is supported", "prompt")
+        prompt = prompt[0]
+    if not prompt:
+        raise _bad("prompt: must not be empty", "prompt")
+    return await _complete(request, rt, req, prompt, chat=False)
+
+
+def _runtime(request: web.Request) -> Runtime:
+    rt = request.app[RUNTIME]
+    check_origin(request, rt.config)
+    authenticate(request, rt.config)
+    if not rt.ready:
+        code = "draining" if rt.status == "draining" else "overloaded"
+        raise error_response(web.HTTPServiceUnavailable, f"not ready: {rt.reason}", code,
+                             headers={"Retry-After": "1"})
+    return rt
+
+
+async def _decode(request: web.Request, schema: type[msgspec.Struct]):
+    body = await request.read()
+    try:
+        req = msgspec.json.decode(body, type=schema)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        param = text.rsplit("`$.", 1)[-1].rstrip("`") if "`$." in text else None
+        raise _bad(text, param) from None
+    except msgspec.DecodeError as exc:
+        raise _bad(f"body is not valid JSON: {exc}", None, code="invalid_json") from None
+    if req.n != 1:
+        raise _bad("n: only n=1 is supported", "n")
+    return req
+
+
+def _text(content: str | list[_Part] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(part.text for part in content if part.type == "text")
+
+
+def _bad(message: str, param: str | None, code: str = "invalid_request") -> web.HTTPException:
+    exc = error_response(web.HTTPBadRequest, message, code, err_type="invalid_request_error")
+    if param is not None:  # name the field the way OpenAI does
+        body = json.loads(exc.text)
+        body["error"]["param"] = param
+        exc.text = json.dumps(body)
+    return exc
+
+
+def _params(rt: Runtime, req: _Common):
+    wire: dict[str, Any] = {k: getattr(req, k) for k in _PARAM_FIELDS
+                            if getattr(req, k) is not None}
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    if max_tokens is not None:
+        wire["max_tokens"] = max_tokens
+    try:
+        return build_params(rt.config, wire)
+    except ProtocolError as exc:
+        raise _bad(exc.message, exc.message.split(":", 1)[0].removeprefix("params.")) from None
+
+
+async def _complete(request: web.Request, rt: Runtime, req: _Common, prompt,
+                    chat: bool) -> web.StreamResponse:
+    params = _params(rt, req)
+    stream = Stream(f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}",
+                    f"http-{next(_ids)}", "http")
+    try:
+        ticket = await rt.gate.admit(stream.id, None, "http", params.priority)
+    except ProtocolError as exc:
+        retry = str(max(1, (exc.retry_after_ms or 1000) // 1000))
+        raise error_response(web.HTTPServiceUnavailable, exc.message, exc.code,
+                             headers={"Retry-After": retry}) from None
+    stream.admitted = time.perf_counter()
+    rt.http_streams.add(stream)
+    try:
+        if req.stream:
+            return await _sse(request, rt, req, prompt, params, stream, chat)
+        return await _whole(rt, prompt, params, stream, chat)
+    finally:
+        ticket.release()
+        rt.http_streams.discard(stream)
+
+
+async def _outputs(rt: Runtime, prompt, params, stream: Stream):
+    """Engine outputs of one request; prompt errors become HTTP 400s before any output."""
+    try:
+        generator = rt.engine.generate(prompt, params, stream.engine_id)
+        async with contextlib.aclosing(generator) as outputs:
+            async for out in outputs:
+                stream.absorb(out)
+                yield out
+    except EngineError as exc:
+        if stream.first_written is not None or exc.code == "internal":
+            raise
+        raise _bad(str(exc), "messages", code=exc.code) from None
+
+
+async def _whole(rt: Runtime, prompt, params, stream: Stream, chat: bool) -> web.Response:
+    async with contextlib.aclosing(_outputs(rt, prompt, params, stream)) as outputs:
+        async for _ in outputs:
+            pass
+    if stream.finish_reason == "error":
+        raise error_response(web.HTTPInternalServerError, "internal error", "internal",
+                             err_type="server_error")
+    now = time.perf_counter()
+    stream.written(now)
+    rt.metrics.ttft.observe(now - stream.received)
+    rt.metrics.observe_done(stream, now)
+    choice = ({"message": {"role": "assistant", "content": stream.text}} if chat
+              else {"text": stream.text})
+    return web.json_response({**_head(rt, stream, chat), "choices": [
+        {"index": 0, **choice, "finish_reason": _finish(stream), "logprobs": None}],
+        "usage": _usage(stream)})
+
+
+async def _sse(request: web.Request, rt: Runtime, req: _Common, prompt, params,
+               stream: Stream, chat: bool) -> web.StreamResponse:
+    async with contextlib.aclosing(_outputs(rt, prompt, params, stream)) as outputs:
+        out = await anext(outputs, None)  # errors in the prompt still answer 400, not SSE
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        if chat:
+            await _event(resp, _chunk(rt, stream, chat, {"role": "assistant", "content": ""}))
+        while out is not None:
+            await _sse_output(resp, rt, stream, out, chat)
+            out = await anext(outputs, None)
+    rt.metrics.observe_done(stream, time.perf_counter())
+    if req.stream_options is not None and req.stream_options.include_usage:
+        await _event(resp, {**_head(rt, stream, chat, chunk=True), "choices": [],
+                            "usage": _usage(stream)})
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def _sse_output(resp: web.StreamResponse, rt: Runtime, stream: Stream, out,
+                      chat: bool) -> None:
+    if not out.delta_text and not out.finished:
+        return
+    if chat:
+        delta = {"content": out.delta_text} if out.delta_text else {}
+    else:
+        delta = out.delta_text
+    finish = _finish(stream) if out.finished else None
+    await _event(resp, _chunk(rt, stream, chat, delta, finish))
+    _observe(rt, stream, len(out.new_token_ids), time.perf_counter())
+
+
+def _observe(rt: Runtime, stream: Stream, n: int, now: float) -> None:
+    gap = stream.written(now)
+    if gap is None:
+        rt.metrics.ttft.observe(now - stream.received)
+    else:
+        for _ in range(n):
+            rt.metrics.itl.observe(gap / n)
+
+
+async def _event(resp: web.StreamResponse, obj: dict) -> None:
+    await resp.write(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")
+
+
+def _head(rt: Runtime, stream: Stream, chat: bool, chunk: bool = False) -> dict:
+    kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+    return {"id": stream.id, "object": kind, "created": int(time.time()),
+            "model": rt.engine.model_name}
+
+
+def _chunk(rt: Runtime, stream: Stream, chat: bool, delta, finish: str | None = None) -> dict:
+    body = {"index": 0, "finish_reason": finish, "logprobs": None}
+    body.update({"delta": delta} if chat else {"text": delta})
+    return {**_head(rt, stream, chat, chunk=True), "choices": [body]}
+
+
+def _finish(stream: Stream) -> str:
+    return stream.finish_reason if stream.finish_reason in ("stop", "length") else "stop"
+
+
+def _usage(stream: Stream) -> dict:
+    return {"prompt_tokens": stream.prompt_tokens, "completion_tokens": stream.completion_tokens,
+            "total_tokens": stream.prompt_tokens + stream.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": stream.cached_tokens}}

@@ -1,0 +1,113 @@
+"""Outbox and writer: the one coroutine per socket that writes frames.
+
+    request tasks ──put_delta(stream)──┐
+    reader (handler) ──put(frame)──────┼──> Outbox (FIFO of entries) ──> writer ──> socket
+    request tasks ──put_done(stream)───┘
+
+A delta entry is the stream itself: while it waits in the FIFO, newer tokens merge into
+the stream's pending slot, so deltas coalesce only when the socket drains slower than the
+engine generates; otherwise each step's tokens go out in their own frame. A stream's
+`done` is queued after its delta entry, so it is always written last.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from gateway.metrics import Metrics
+from gateway.protocol import Codec
+from gateway.stream import Stream
+
+log = logging.getLogger(__name__)
+
+CLOSE_SLOW_CONSUMER = 1008  # policy violation: the client does not read its frames
+
+
+class OutboxFull(Exception):
+    """More control frames are queued than the socket's limit: the client is not reading."""
+
+
+class Outbox:
+    """FIFO of frames to write; delta entries are streams whose pending slot merges."""
+
+    def __init__(self, max_pending: int):
+        self._entries: collections.deque = collections.deque()
+        self._ready = asyncio.Event()
+        self._max_pending = max_pending
+        self.closed = False
+
+    def put(self, frame: dict) -> None:
+        if self.closed:
+            return
+        if len(self._entries) >= self._max_pending:
+            raise OutboxFull(f"{len(self._entries)} frames waiting")
+        self._push(("frame", frame))
+
+    def put_delta(self, stream: Stream) -> None:
+        # One entry per stream at a time: later tokens merge into its pending slot.
+        if not self.closed and not stream.queued:
+            stream.queued = True
+            self._push(("delta", stream))
+
+    def put_done(self, stream: Stream) -> None:
+        if not self.closed:
+            self._push(("done", stream))
+
+    def _push(self, entry: tuple) -> None:
+        self._entries.append(entry)
+        self._ready.set()
+
+    async def get(self) -> tuple:
+        while not self._entries:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._entries.popleft()
+
+    @property
+    def empty(self) -> bool:
+        return not self._entries
+
+    def close(self) -> None:
+        self.closed = True
+        self._entries.clear()
+
+
+async def run_writer(ws: web.WebSocketResponse, codec: Codec, outbox: Outbox,
+                     metrics: Metrics, send_timeout: float,
+                     on_stuck: Callable[[], None]) -> None:
+    """Write frames until cancelled; a frame not written within send_timeout closes the socket."""
+    send = ws.send_bytes if codec.binary else ws.send_str
+    while True:
+        kind, item = await outbox.get()
+        frame = item if kind == "frame" else (
+            item.take_delta() if kind == "delta" else item.done_frame(time.perf_counter()))
+        if frame is None:
+            continue
+        try:
+            await asyncio.wait_for(send(codec.encode(frame)), send_timeout)
+        except asyncio.TimeoutError:
+            log.warning("socket did not drain within %.1fs; closing it", send_timeout)
+            on_stuck()
+            return
+        except ConnectionError:
+            return  # the reader sees the close and cleans up
+        now = time.perf_counter()
+        if kind == "delta":
+            _observe_delta(metrics, item, frame["n"], now)
+        elif kind == "done":
+            metrics.observe_done(item, now)
+
+
+def _observe_delta(metrics: Metrics, stream: Stream, n: int, now: float) -> None:
+    gap = stream.written(now)
+    if gap is None:
+        metrics.ttft.observe(now - stream.received)
+    elif n > 0:
+        # Tokens that arrive together in one frame share the gap since the last frame.
+        for _ in range(n):
+            metrics.itl.observe(gap / n)

@@ -1,0 +1,65 @@
+"""`GET /v1/ws`: checks before the upgrade, subprotocol choice, then one Connection."""
+from __future__ import annotations
+
+from aiohttp import hdrs, web
+
+from gateway import protocol as p
+from gateway.auth import authenticate, check_origin, error_response
+from gateway.connection import Connection
+from gateway.state import RUNTIME, Runtime
+
+JSON_SUBPROTOCOL = p.PROTOCOL  # "tokenwire.v1": lets a browser that offers bearer.KEY
+# also offer a protocol we can echo without echoing its key.
+
+
+def choose_subprotocol(offered: list[str]) -> str | None:
+    """msgpack if offered, else tokenwire.v1, else the bearer token itself (browsers fail
+    a handshake that offered subprotocols and got none back)."""
+    for name in (p.MSGPACK_SUBPROTOCOL, JSON_SUBPROTOCOL):
+        if name in offered:
+            return name
+    bearer = [o for o in offered if o.startswith(p.BEARER_PREFIX)]
+    return bearer[0] if bearer else None
+
+
+def offered_subprotocols(request: web.Request) -> list[str]:
+    header = request.headers.get(hdrs.SEC_WEBSOCKET_PROTOCOL, "")
+    return [part.strip() for part in header.split(",") if part.strip()]
+
+
+async def ws_handler(request: web.Request) -> web.WebSocketResponse:
+    rt = request.app[RUNTIME]
+    config = rt.config
+    check_origin(request, config)
+    offered = offered_subprotocols(request)
+    owner = authenticate(request, config, offered)
+    if not rt.ready:
+        raise _unavailable(rt)
+    chosen = choose_subprotocol(offered)
+    ws = web.WebSocketResponse(heartbeat=config.heartbeat_s,
+                               receive_timeout=config.receive_timeout_s,
+                               max_msg_size=config.max_message_bytes,
+                               protocols=(chosen,) if chosen else ())
+    live, resumed = await rt.sessions.attach(request.query.get("session_id"), owner)
+    conn = None
+    try:
+        await ws.prepare(request)
+        conn = Connection(rt, ws, p.Codec(binary=chosen == p.MSGPACK_SUBPROTOCOL), live, resumed)
+        rt.connections.add(conn)
+        rt.metrics.ws_active.inc()
+        rt.metrics.sessions_active.set(len(rt.sessions))
+        await conn.serve()
+    finally:
+        if conn is not None:
+            rt.connections.discard(conn)
+            rt.metrics.ws_active.dec()
+        rt.sessions.detach(live)
+        rt.metrics.sessions_active.set(len(rt.sessions))
+    return ws
+
+
+def _unavailable(rt: Runtime) -> web.HTTPException:
+    retry_s = max(1, rt.config.reconnect_after_ms // 1000)
+    code = "draining" if rt.status == "draining" else "overloaded"
+    return error_response(web.HTTPServiceUnavailable, f"not ready: {rt.reason}", code,
+                          headers={"Retry-After": str(retry_s)})
