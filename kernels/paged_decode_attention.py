@@ -23,7 +23,10 @@ from kernels._checks import (check_dim, check_head_dim, check_kv_cache, check_sa
                              check_tensor, dot_precision)
 
 DEFAULT_PARTITION_SIZE = 256
-MAX_BLOCK_N = 64
+# Tokens per K/V tile = KV_TILE_ELEMS // head_dim (32 at D=64, 16 at D=128): the gathered
+# tiles' addresses cost registers, and these sizes keep the kernel near 110 registers on
+# sm_90 (several programs per SM in flight) where 64-token tiles need 200+ or spill.
+KV_TILE_ELEMS = 2048
 
 
 @triton.jit
@@ -171,7 +174,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         block_tables.stride(0), out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=min(MAX_BLOCK_N, partition_size),
+        BLOCK_SIZE=block_size, BLOCK_N=max(16, min(KV_TILE_ELEMS // head_dim, partition_size)),
         PARTITION_SIZE=partition_size, DIRECT=direct, DOT_PRECISION=dot_precision(q.dtype),
     )
     if not direct:

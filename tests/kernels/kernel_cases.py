@@ -1,0 +1,65 @@
+"""Input builders and tolerances shared by the kernel tests.
+
+Paged caches start as NaN and only the slots of live tokens get values, so a kernel that
+reads a slot it should not (a partial block's tail, a gap block, a padding row) turns its
+output into NaN. Block tables point at scattered blocks of a larger pool, leaving unused
+gaps, and their unused entries hold an out-of-range block id that must never be read.
+"""
+
+import os
+
+import pytest
+import torch
+
+RUN_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+TOLERANCE = {  # (atol, rtol) against the fp32 reference
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+UNUSED_BLOCK = 1 << 20
+
+
+def gpu(test):
+    """Mark a real-shape test: runs on CUDA with compiled Triton, skipped elsewhere."""
+    reason = "needs CUDA and compiled Triton (TRITON_INTERPRET unset)"
+    return pytest.mark.gpu(pytest.mark.skipif(not RUN_GPU, reason=reason)(test))
+
+
+def randn(gen, *shape, dtype, device) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
+
+
+def nan_like(t: torch.Tensor) -> torch.Tensor:
+    """A NaN-poisoned output buffer: any element the kernel forgets to write stays NaN."""
+    return torch.full_like(t, float("nan"))
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    atol, rtol = TOLERANCE[expected.dtype]
+    assert actual.dtype == expected.dtype
+    assert not actual.isnan().any(), "output has NaN (an element unwritten or a bad read)"
+    torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol)
+
+
+def paged_kv(gen, seq_lens: list[int], block_size: int, num_kv_heads: int, head_dim: int,
+             dtype, device, spare_blocks: int = 3, extra_cols: int = 2):
+    """(k_cache, v_cache, block_tables int32, seq_lens int32) for sequences of seq_lens."""
+    needed = [-(-n // block_size) for n in seq_lens]
+    pool = sum(needed) + spare_blocks
+    order = torch.randperm(pool, generator=gen)  # scattered ids; spare ones are gaps
+    max_blocks = max(needed, default=0) + extra_cols
+    tables = torch.full((len(seq_lens), max_blocks), UNUSED_BLOCK, dtype=torch.int32)
+    shape = (pool, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    used = 0
+    for b, n in enumerate(seq_lens):
+        tables[b, :needed[b]] = order[used:used + needed[b]].int()
+        used += needed[b]
+        pos = torch.arange(n)
+        blocks, offsets = tables[b, pos // block_size].long(), pos % block_size
+        k_cache[blocks, offsets] = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype)
+        v_cache[blocks, offsets] = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+    return (k_cache.to(device), v_cache.to(device), tables.to(device), seq_lens_t.to(device))
