@@ -1,78 +1,103 @@
 """The gateway's one admission seam: every chat, generate and HTTP completion passes `admit`.
 
-For now it enforces two limits: requests in flight per socket (`rate_limited`) and the
-engine's waiting queue depth (`overloaded`, with a retry hint).
-SEAM (issue 4): the scheduler package replaces the body of `Gate.admit` with its
-`scheduler.Admission` (bounded queues, KV/GPU signals with hysteresis, priorities); the
-callers only rely on `await admit(...) -> Ticket` raising ProtocolError and on
-`Ticket.release()`, so that swap stays inside this file.
+It delegates to scheduler.AdmissionController (issue 4): per-socket and per-key limits
+(`rate_limited`), a bounded priority queue in front of the engine (chat turns ahead of
+bulk generate, then `priority`), KV/GPU/memory overload signals with hysteresis and
+`retry_after_ms` estimated from the measured drain rate (`overloaded`). Callers rely on
+`await admit(...) -> Ticket` raising ProtocolError and on `Ticket.release()`.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from engine.outputs import EngineStats
 from gateway.config import GatewayConfig
 from gateway.metrics import Metrics
 from gateway.protocol import ProtocolError
+from scheduler.admission import AdmissionController, InvalidAdmission, Rejected
+from scheduler.config import SchedulerConfig
+from scheduler.signals import ResourceSampler
+
+_KINDS = {"chat": "chat", "generate": "generate", "http": "generate"}  # HTTP is bulk
 
 
 class Ticket:
     """Proof of admission; `release()` (idempotent) frees the slot when the request ends."""
 
-    __slots__ = ("_owner", "_released")
+    __slots__ = ("_controller", "_ticket")
 
-    def __init__(self, owner: "InflightCounter | None"):
-        self._owner = owner
-        self._released = False
+    def __init__(self, controller: AdmissionController, ticket):
+        self._controller = controller
+        self._ticket = ticket
 
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            if self._owner is not None:
-                self._owner.count -= 1
+    def release(self, tokens_generated: int = 0) -> None:
+        self._controller.release(self._ticket, tokens_generated)
 
 
 class InflightCounter:
-    """Requests admitted and not yet released on one socket."""
+    """Identifies one socket to the scheduler's per-socket in-flight limit."""
 
-    __slots__ = ("count",)
-
-    def __init__(self):
-        self.count = 0
+    __slots__ = ()
 
 
 class Gate:
     """Admission control shared by every socket and HTTP request of one app."""
 
     def __init__(self, config: GatewayConfig, engine_stats: Callable[[], EngineStats | None],
-                 metrics: Metrics):
-        self.config = config
+                 metrics: Metrics, scheduler_config: SchedulerConfig | None = None):
+        # The socket limit is the one `hello` announces: the gateway's.
+        scheduler_config = dataclasses.replace(
+            scheduler_config or SchedulerConfig(),
+            max_inflight_per_socket=config.max_inflight_per_socket)
         self._engine_stats = engine_stats
         self._metrics = metrics
+        self.sampler = ResourceSampler(scheduler_config.nvml_interval_s)
+        self.controller = AdmissionController(scheduler_config, engine_stats, self.sampler)
+
+    async def start(self) -> None:
+        await self.controller.start()
+
+    async def stop(self) -> None:
+        await self.controller.stop()
 
     async def admit(self, request_id: str | None, inflight: InflightCounter | None,
-                    kind: str, priority: int = 0) -> Ticket:
-        """Admit one request or raise ProtocolError (rate_limited / overloaded).
+                    kind: str, priority: int = 0, prompt_tokens: int = 0,
+                    api_key: str | None = None) -> Ticket:
+        """Admit one request, waiting for an engine slot if queued, or raise ProtocolError
+        (rate_limited / overloaded with retry_after_ms / invalid_request)."""
+        try:
+            ticket = self.controller.try_admit(_KINDS[kind], priority, prompt_tokens,
+                                               inflight, api_key)
+        except InvalidAdmission as exc:
+            raise ProtocolError(exc.code, f"params.{exc}", request_id) from None
+        except Rejected as exc:
+            raise self._refusal(exc, request_id) from None
+        try:
+            await ticket.wait()
+        except Rejected as exc:
+            raise self._refusal(exc, request_id) from None
+        except BaseException:
+            self.controller.release(ticket)  # cancelled while queued: give the place back
+            raise
+        return Ticket(self.controller, ticket)
 
-        kind: "chat" | "generate" | "http"; with priority, orders queued work once the
-        scheduler queues (chat turns ahead of bulk generate).
-        """
-        del kind, priority  # SEAM: used by scheduler.Admission once it lands
-        if inflight is not None and inflight.count >= self.config.max_inflight_per_socket:
-            self._metrics.rejections.labels("rate_limited").inc()
-            raise ProtocolError("rate_limited", f"at most {self.config.max_inflight_per_socket}"
-                                " requests in flight per socket", request_id)
+    def _refusal(self, exc: Rejected, request_id: str | None) -> ProtocolError:
+        self._metrics.rejections.labels(exc.code).inc()
+        return ProtocolError(exc.code, str(exc), request_id, retry_after_ms=exc.retry_after_ms)
+
+    def stats(self) -> EngineStats | None:
+        """The engine's stats with the admission queue counted as waiting (for /metrics)."""
         stats = self._engine_stats()
-        if stats is not None and stats.num_waiting >= self.config.max_engine_waiting:
-            self._metrics.rejections.labels("overloaded").inc()
-            raise ProtocolError("overloaded", "the engine queue is full; retry later",
-                                request_id, retry_after_ms=self.config.overload_retry_after_ms)
-        if inflight is not None:
-            inflight.count += 1
-        return Ticket(inflight)
+        if stats is None:
+            return None
+        return dataclasses.replace(stats, num_waiting=stats.num_waiting
+                                   + self.controller.num_waiting)
+
+    def gpu_sample(self) -> tuple[float, int] | None:
+        s = self.sampler
+        return None if s.gpu_util is None else (s.gpu_util, s.gpu_memory_used)
 
     def overloaded(self) -> bool:
-        """Whether new work would be refused now (for /ready)."""
-        stats = self._engine_stats()
-        return stats is not None and stats.num_waiting >= self.config.max_engine_waiting
+        """Whether an overload signal holds now (for /ready)."""
+        return self.controller.overloaded is not None

@@ -27,6 +27,7 @@ from gateway.session_store import MemorySessionStore, SessionStore
 from gateway.sessions import SessionRegistry
 from gateway.state import RUNTIME, Runtime
 from gateway.ws import ws_handler
+from scheduler.config import SchedulerConfig
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
@@ -36,12 +37,14 @@ CLOSE_SERVICE_RESTART = 1012
 def build_app(config: GatewayConfig, *, engine: AsyncEngine | None = None,
               engine_factory: Callable[[], AsyncEngine] | None = None,
               store: SessionStore | None = None,
-              gpu_sampler: GpuSampler | None = None) -> web.Application:
+              gpu_sampler: GpuSampler | None = None,
+              scheduler_config: SchedulerConfig | None = None) -> web.Application:
     """An app serving `engine` (already started, owned by the caller) or the engine that
-    `engine_factory` builds (loaded in a thread, started and stopped by the app)."""
+    `engine_factory` builds (loaded in a thread, started and stopped by the app).
+    `scheduler_config` sets admission and backpressure limits (None: defaults)."""
     if (engine is None) == (engine_factory is None):
         raise ValueError("give exactly one of engine or engine_factory")
-    rt = _runtime(config, store or MemorySessionStore(), gpu_sampler)
+    rt = _runtime(config, store or MemorySessionStore(), gpu_sampler, scheduler_config)
     app = web.Application(client_max_size=config.max_message_bytes)
     app[RUNTIME] = rt
     app.cleanup_ctx.append(_lifecycle(engine, engine_factory))
@@ -57,20 +60,24 @@ def build_app(config: GatewayConfig, *, engine: AsyncEngine | None = None,
     return app
 
 
-def _runtime(config: GatewayConfig, store: SessionStore, gpu_sampler) -> Runtime:
+def _runtime(config: GatewayConfig, store: SessionStore, gpu_sampler,
+             scheduler_config: SchedulerConfig | None) -> Runtime:
     rt: Runtime | None = None
 
     def stats():  # resolved at call time: rt exists by then
         return rt.engine_stats()
 
-    metrics = Metrics(stats, gpu_sampler)
-    rt = Runtime(config, metrics, Gate(config, stats, metrics), SessionRegistry(store))
+    # /metrics counts the admission queue as waiting and reads the gate's NVML sampler.
+    metrics = Metrics(lambda: rt.gate.stats(), gpu_sampler or (lambda: rt.gate.gpu_sample()))
+    gate = Gate(config, stats, metrics, scheduler_config)
+    rt = Runtime(config, metrics, gate, SessionRegistry(store))
     return rt
 
 
 def _lifecycle(engine: AsyncEngine | None, factory: Callable[[], AsyncEngine] | None):
     async def ctx(app: web.Application):
         rt = app[RUNTIME]
+        await rt.gate.start()
         loader = None
         if engine is not None:
             _set_ready(rt, engine)
@@ -83,6 +90,7 @@ def _lifecycle(engine: AsyncEngine | None, factory: Callable[[], AsyncEngine] | 
                 await loader
             if rt.engine is not None:
                 await rt.engine.stop()
+        await rt.gate.stop()
         await rt.sessions.store.close()
 
     return ctx

@@ -14,18 +14,19 @@ import asyncio
 import time
 
 from engine.outputs import RequestOutput
+from scheduler.mailbox import Mailbox
 
 
 class Stream:
     """A live chat or generate request: its pending delta slot, usage and timing.
 
-    `pending_text`/`pending_n` form the one-slot mailbox the writer drains: deltas that
-    arrive while a frame is still queued merge into it, so a slow reader costs constant
+    `mailbox` is the one-slot scheduler Mailbox the writer drains: deltas that arrive
+    while a frame is still queued merge into it, so a slow reader costs constant
     memory and tokens go out as produced when the reader keeps up.
     """
 
     __slots__ = ("id", "engine_id", "kind", "received", "admitted", "first_written",
-                 "last_written", "pending_text", "pending_n", "queued", "text_parts",
+                 "last_written", "mailbox", "queued", "text_parts",
                  "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason",
                  "error", "cancel_requested", "task")
 
@@ -37,8 +38,7 @@ class Stream:
         self.admitted: float | None = None
         self.first_written: float | None = None
         self.last_written: float | None = None
-        self.pending_text = ""
-        self.pending_n = 0
+        self.mailbox = Mailbox(request_id)
         self.queued = False  # a delta entry of this stream waits in the outbox
         self.text_parts: list[str] = []
         self.prompt_tokens = 0
@@ -56,8 +56,7 @@ class Stream:
     def absorb(self, out: RequestOutput) -> int:
         """Fold an engine output in; returns how many new tokens it carried."""
         n = len(out.new_token_ids)
-        self.pending_text += out.delta_text
-        self.pending_n += n
+        self.mailbox.put_delta(out.delta_text, n)
         if out.delta_text:
             self.text_parts.append(out.delta_text)
         self.prompt_tokens = out.num_prompt_tokens or self.prompt_tokens
@@ -71,11 +70,7 @@ class Stream:
     def take_delta(self) -> dict | None:
         """The merged delta frame to write now, or None when nothing is pending."""
         self.queued = False
-        if not self.pending_text and not self.pending_n:
-            return None
-        frame = {"type": "delta", "id": self.id, "text": self.pending_text, "n": self.pending_n}
-        self.pending_text, self.pending_n = "", 0
-        return frame
+        return self.mailbox.take_delta()
 
     def written(self, now: float) -> float | None:
         """Record a delta frame written; returns the gap since the previous one."""
