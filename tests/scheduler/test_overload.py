@@ -1,0 +1,103 @@
+"""Overload, end to end: a real server on loopback, the real default model, small limits.
+
+Offered about four times what the server serves, every request gets either a complete
+stream or a prompt `overloaded` refusal: no timeouts, no hung sockets, admitted requests
+keep their time-to-first-token bound and the server's memory stays put.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import psutil
+
+from sched_clients import WsClient, percentile
+from scheduler.config import SchedulerConfig
+
+MAX_TOKENS = 8
+TTFT_BOUND_S = 5.0
+OFFERED_FOR_S = 5.0
+SCHED = SchedulerConfig(max_running_requests=4, max_waiting_requests=16,
+                        ttft_bound_s=TTFT_BOUND_S, queue_budget_fraction=0.5,
+                        max_inflight_per_socket=64)
+
+
+def prompt(i: int) -> str:
+    return f"Write one short sentence about the number {i}."
+
+
+async def measure_capacity(clients: list[WsClient]) -> float:
+    """Requests per second at full engine slots (this also warms the drain-rate meter)."""
+    start = time.perf_counter()
+    results = [await clients[i % len(clients)].generate(f"warm{i}", prompt(i), MAX_TOKENS)
+               for i in range(8)]
+    await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in results)), 120)
+    assert all(r.finish_reason == "length" for r in results), results
+    return len(results) / (time.perf_counter() - start)
+
+
+async def offer(clients: list[WsClient], rate: float, duration: float):
+    """Open-loop arrivals at `rate` per second, round-robin over the sockets."""
+    results, start = [], time.perf_counter()
+    for i in range(int(rate * duration)):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        results.append(await clients[i % len(clients)].generate(f"r{i}", prompt(i),
+                                                                 MAX_TOKENS))
+    return results
+
+
+async def test_overload_refuses_fast_and_keeps_admitted_ttft(server):
+    url, _ = server.start_app(SCHED, max_inflight_per_socket=64)
+    process = psutil.Process()
+    async with aiohttp.ClientSession() as session:
+        clients = [await WsClient(session, url).__aenter__() for _ in range(4)]
+        capacity = await measure_capacity(clients)
+        rss_before = process.memory_info().rss
+        results = await offer(clients, 4 * capacity, OFFERED_FOR_S)
+        # Every request ends: a generous wait, and none may be left hanging.
+        await asyncio.wait(
+            [asyncio.ensure_future(r.done.wait()) for r in results], timeout=60)
+        rss_after = process.memory_info().rss
+        for client in clients:
+            await client.__aexit__()
+    hung = [r.id for r in results if r.end is None]
+    refused = [r for r in results if r.error is not None]
+    served = [r for r in results if r.error is None and r.end is not None]
+    refusal_ms = [1000 * (r.end - r.sent) for r in refused]
+    ttfts = [r.ttft for r in served]
+    print(f"\ncapacity {capacity:.2f} req/s, offered {4 * capacity:.2f} req/s: "
+          f"{len(results)} requests, {len(served)} served, {len(refused)} refused; "
+          f"refusal latency max {max(refusal_ms, default=0):.1f} ms; "
+          f"served TTFT p50 {percentile(ttfts, .5):.2f}s p99 {percentile(ttfts, .99):.2f}s "
+          f"(bound {TTFT_BOUND_S}s); RSS growth {(rss_after - rss_before) / 2**20:.1f} MiB")
+    assert not hung
+    assert {r.error for r in refused} == {"overloaded"}
+    assert all(r.retry_after_ms and r.retry_after_ms > 0 for r in refused)
+    assert all(r.finish_reason == "length" and r.tokens == MAX_TOKENS for r in served)
+    assert len(refused) >= len(results) // 3  # it really was overloaded
+    assert len(served) >= 4
+    assert max(refusal_ms) <= 50.0
+    assert percentile(ttfts, 0.99) <= TTFT_BOUND_S
+    assert rss_after - rss_before < 64 * 2**20
+
+
+async def test_http_overload_is_503_with_retry_after(server):
+    tight = SchedulerConfig(max_running_requests=1, max_waiting_requests=1)
+    url, _ = server.start_app(tight)
+    body = {"model": "default", "prompt": "Count to ten:", "max_tokens": MAX_TOKENS,
+            "temperature": 0, "ignore_eos": True}
+    async with aiohttp.ClientSession() as session:
+        async def complete():
+            async with session.post(url + "/v1/completions", json=body) as resp:
+                return resp.status, resp.headers.get("Retry-After"), await resp.json()
+
+        answers = await asyncio.gather(*(complete() for _ in range(4)))
+    statuses = sorted(status for status, _, _ in answers)
+    assert statuses[0] == 200 and 503 in statuses, answers
+    for status, retry_after, payload in answers:
+        if status == 503:
+            assert int(retry_after) >= 1
+            assert payload["error"]["code"] == "overloaded"
