@@ -122,10 +122,12 @@ class Codec:
 def _field_message(exc: msgspec.ValidationError) -> str:
     # msgspec says "Expected `str`, got `int` - at `$.content`"; lead with the field.
     text = str(exc)
-    missing = re.fullmatch(r"Object missing required field `(\w+)`(?: - at `\$\.(.+)`)?", text)
-    if missing:
-        path = f"{missing.group(2)}.{missing.group(1)}" if missing.group(2) else missing.group(1)
-        return f"{path}: required field missing"
+    field = re.fullmatch(r"Object (missing required|contains unknown) field `(\w+)`"
+                         r"(?: - at `\$\.(.+)`)?", text)
+    if field:
+        problem, name, parent = field.groups()
+        path = f"{parent}.{name}" if parent else name
+        return f"{path}: {'required field missing' if problem[0] == 'm' else 'unknown field'}"
     if " - at `$." in text:
         message, path = text.rsplit(" - at `$.", 1)
         return f"{path.rstrip('`')}: {message}"

@@ -1,0 +1,202 @@
+"""Every protocol error code, auth and origin checks, size limits and the graceful drain."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from gateway.app import drain
+from ws_helpers import open_ws, recv_type, recv_until
+
+LONG = {"max_tokens": 400, "ignore_eos": True}
+
+
+async def error_for(ws, frame) -> dict:
+    await (ws.send_str(frame) if isinstance(frame, str) else ws.send_json(frame))
+    return await recv_type(ws, "error")
+
+
+async def test_request_errors_name_the_problem_and_keep_the_socket(base_url):
+    async with aiohttp.ClientSession() as s:
+        ws, _ = await open_ws(s, base_url)
+        cases = [
+            ("{not json", "invalid_json", None),
+            ("[1, 2]", "invalid_json", None),
+            ({"type": "teleport"}, "unknown_type", "type"),
+            ({"id": "x"}, "invalid_request", "type"),
+            ({"type": "chat", "id": "c1"}, "invalid_request", "content"),
+            ({"type": "chat", "id": "c2", "content": 5}, "invalid_request", "content"),
+            ({"type": "chat", "id": "c3", "content": "hi", "params": {"top_p": 3}},
+             "invalid_request", "params.top_p"),
+            ({"type": "chat", "id": "c4", "content": "hi", "params": {"warp": 9}},
+             "invalid_request", "params.warp"),
+            ({"type": "chat", "id": "c5", "content": "hi", "params": {"max_tokens": 10**5}},
+             "invalid_request", "params.max_tokens"),
+            ({"type": "generate", "id": "g1"}, "invalid_request", "prompt"),
+            ({"type": "generate", "id": "g2", "messages": [{"role": "wizard", "content": "x"}]},
+             "invalid_request", "messages[0].role"),
+            ({"type": "ping", "extra": 1}, "invalid_request", "extra"),
+            ({"type": "cancel", "id": "nobody"}, "not_found", "id"),
+            ({"type": "session.update", "params": {"temperature": -1}}, "invalid_request",
+             "params.temperature"),
+        ]
+        for frame, code, field in cases:
+            error = await error_for(ws, frame)
+            assert error["code"] == code, (frame, error)
+            if field is not None:
+                assert error["message"].startswith(field), (frame, error)
+        # A prompt beyond the 2048-token context.
+        error = await error_for(ws, {"type": "generate", "id": "big", "prompt": "hello " * 3000})
+        assert error["code"] == "too_large" and error["id"] == "big"
+        # The socket still serves.
+        await ws.send_json({"type": "ping", "t": 1})
+        assert (await recv_type(ws, "pong"))["t"] == 1
+        await ws.close()
+
+
+async def test_duplicate_id_and_busy(base_url):
+    async with aiohttp.ClientSession() as s:
+        ws, _ = await open_ws(s, base_url)
+        await ws.send_json({"type": "chat", "id": "t", "content": "Hello", "params": LONG})
+        dup = await error_for(ws, {"type": "generate", "id": "t", "prompt": "x"})
+        assert dup["code"] == "duplicate_id" and dup["id"] == "t"
+        busy = await error_for(ws, {"type": "chat", "id": "t2", "content": "Again?"})
+        assert busy["code"] == "busy" and busy["id"] == "t2"
+        reset = await error_for(ws, {"type": "session.reset"})
+        assert reset["code"] == "busy"
+        await ws.send_json({"type": "cancel", "id": "t"})
+        _, done = await recv_until(ws, "t")
+        assert done["finish_reason"] == "cancelled"
+        await ws.close()
+
+
+async def test_rate_limited_per_socket(server):
+    url = server.start_app(max_inflight_per_socket=1)
+    try:
+        async with aiohttp.ClientSession() as s:
+            ws, hello = await open_ws(s, url)
+            assert hello["limits"]["max_inflight"] == 1
+            await ws.send_json({"type": "generate", "id": "a", "prompt": "x", "params": LONG})
+            await recv_type(ws, "delta")
+            error = await error_for(ws, {"type": "generate", "id": "b", "prompt": "y"})
+            assert error["code"] == "rate_limited" and error["id"] == "b"
+            await ws.close()
+    finally:
+        server.stop_app(url)
+    assert server.all_blocks_free()
+
+
+async def test_overloaded_with_retry_after(server, base_url):
+    # The shared engine runs 4 sequences at once; the fifth waits, so waiting >= 1.
+    url = server.start_app(max_engine_waiting=1, overload_retry_after_ms=750)
+    try:
+        async with aiohttp.ClientSession() as s:
+            ws, _ = await open_ws(s, base_url)
+            for i in range(5):
+                await ws.send_json({"type": "generate", "id": f"f{i}", "prompt": "x",
+                                    "params": LONG})
+            deadline = time.monotonic() + 30
+            while server.engine.stats().num_waiting < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            probe, _ = await open_ws(s, url)
+            error = await error_for(probe, {"type": "generate", "id": "p", "prompt": "y"})
+            assert error["code"] == "overloaded" and error["retry_after_ms"] == 750
+            async with s.get(url + "/ready") as r:
+                assert r.status == 503 and (await r.json())["reason"] == "overloaded"
+            await ws.close()
+            await probe.close()
+    finally:
+        server.stop_app(url)
+    assert server.all_blocks_free()
+
+
+async def test_message_over_limit_closes_1009(server):
+    url = server.start_app(max_message_bytes=1024)
+    try:
+        async with aiohttp.ClientSession() as s:
+            ws, hello = await open_ws(s, url)
+            assert hello["limits"]["max_message_bytes"] == 1024
+            await ws.send_json({"type": "chat", "id": "big", "content": "x" * 2000})
+            msg = await ws.receive(timeout=10)
+            assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+            assert ws.close_code == 1009
+    finally:
+        server.stop_app(url)
+
+
+async def test_auth_401_before_upgrade_and_session_owner(server):
+    url = server.start_app(api_keys=("key-one", "key-two"))
+    try:
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+                await s.ws_connect(url + "/v1/ws")
+            assert info.value.status == 401
+            with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+                await s.ws_connect(url + "/v1/ws", headers={"Authorization": "Bearer nope"})
+            assert info.value.status == 401
+            one = {"Authorization": "Bearer key-one"}
+            ws, hello = await open_ws(s, url, headers=one)
+            await ws.send_json({"type": "session.update", "system": "Be brief."})
+            await recv_type(ws, "session.updated")  # saved: the session now exists
+            await ws.close()
+            # Browsers: the key rides in a subprotocol; the server echoes tokenwire.v1.
+            ws, again = await open_ws(s, url, protocols=("tokenwire.v1", "bearer.key-one"),
+                                      params={"session_id": hello["session_id"]})
+            assert ws.protocol == "tokenwire.v1" and again["resumed"] is True
+            await ws.close()
+            # Another key cannot take the session over: it gets a fresh one.
+            ws, other = await open_ws(s, url, headers={"Authorization": "Bearer key-two"},
+                                      params={"session_id": hello["session_id"]})
+            assert other["resumed"] is False and other["session_id"] != hello["session_id"]
+            await ws.close()
+            async with s.post(url + "/v1/completions", json={"prompt": "x"}) as r:
+                assert r.status == 401
+                assert (await r.json())["error"]["code"] == "unauthorized"
+    finally:
+        server.stop_app(url)
+
+
+async def test_origin_403(server):
+    url = server.start_app(allowed_origins=("http://good.example",))
+    try:
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+                await s.ws_connect(url + "/v1/ws", origin="http://evil.example")
+            assert info.value.status == 403
+            ws, _ = await open_ws(s, url, origin="http://good.example")
+            await ws.close()
+    finally:
+        server.stop_app(url)
+
+
+async def test_drain_finishes_short_turns_cancels_long_ones_closes_1012(server):
+    url = server.start_app(drain_timeout_s=1.5, reconnect_after_ms=1234)
+    app = server.apps[url]
+    async with aiohttp.ClientSession() as s:
+        ws, _ = await open_ws(s, url)
+        await ws.send_json({"type": "generate", "id": "short", "prompt": "Hi",
+                            "params": {"max_tokens": 3, "ignore_eos": True}})
+        await ws.send_json({"type": "generate", "id": "long", "prompt": "Hi", "params": LONG})
+        await recv_type(ws, "delta")
+        draining = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(drain(app), server.loop))
+        notice = await recv_type(ws, "draining")
+        assert notice["reconnect_after_ms"] == 1234
+        async with s.get(url + "/ready") as r:
+            assert r.status == 503 and (await r.json())["reason"] == "draining"
+        await ws.send_json({"type": "generate", "id": "late", "prompt": "x"})
+        done = {}
+        while not {"short", "long", "late"} <= done.keys():
+            frame = await ws.receive_json(timeout=30)
+            if frame["type"] in ("done", "error") and "id" in frame:
+                done[frame["id"]] = frame
+        assert done["late"]["code"] == "draining"
+        assert done["short"]["finish_reason"] == "length"
+        assert done["long"]["finish_reason"] == "cancelled"
+        msg = await ws.receive(timeout=10)
+        assert msg.type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1012
+        await draining
+    server.stop_app(url)
+    assert server.all_blocks_free()
+    assert done["long"]["error"] == "server draining"
