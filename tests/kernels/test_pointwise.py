@@ -28,6 +28,8 @@ def test_rms_norm_fused_residual(gen, device, dtype):
     assert torch.equal(new_residual, x + residual)  # rounded to dtype, as HF adds
     assert torch.equal(new_residual, residual_ref)
     assert_close(out, out_ref)
+    # Fused == unfused bit for bit: the norm reads the sum rounded to dtype, as HF does.
+    assert torch.equal(out, rms_norm(x + residual, weight, 1e-6))
 
 
 def test_rms_norm_matches_hf_llama(gen, device):
