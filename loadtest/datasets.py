@@ -46,9 +46,9 @@ def random_text(num_tokens: int, rng: random.Random, tokenizer=None) -> tuple[st
         token = rng.randrange(vocab)
         if token not in special:
             ids.append(token)
-    text = tokenizer.decode(ids)
+    text = tokenizer.decode(ids, clean_up_tokenization_spaces=False)
     ids = tokenizer.encode(text, add_special_tokens=False)[:num_tokens]
-    return tokenizer.decode(ids), len(ids)
+    return tokenizer.decode(ids, clean_up_tokenization_spaces=False), len(ids)
 
 
 def random_prompts(num: int, input_len: int, output_len: int, range_ratio: float,

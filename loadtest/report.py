@@ -25,7 +25,7 @@ def _title(text: str, fill: str = "-") -> str:
 def format_summary(result: dict, percentiles) -> str:
     """The human-readable report of `metrics.summarize()` output plus run facts."""
     lines = [_title("Serving Benchmark Result", "="),
-             _row("Target:", f"{result['url']} ({result['endpoint']})"),
+             _row("Target:", f"{result['url']} ({result['transport']}, {result['endpoint']})"),
              _row("Successful requests:", result["completed"]),
              _row("Failed requests:", result["failed"])]
     if result["errors_by_code"]:

@@ -1,0 +1,135 @@
+"""End to end: `tokenwire loadtest` against a real `tokenwire serve` on loopback.
+
+The client's numbers must agree with the server's own /metrics: as many TTFT samples as
+requests, TTFT sums within a loopback's overhead, and generation_tokens_total equal to
+the output tokens the client counted from its deltas.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtest.cli import main
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except OSError:
+        return 0, ""
+
+
+@pytest.fixture(scope="module")
+def tokenwire_url():
+    """`python -m gateway.cli serve` on a free port with a small KV pool; its base URL."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--device",
+           "cpu", "--num-kv-blocks", "256", "--max-model-len", "1024", "--drain-timeout", "2",
+           "--log-level", "WARNING"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while _get(f"{base}/ready")[0] != 200:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"server did not become ready: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.5)
+    yield base
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def scrape(base: str) -> dict[str, float]:
+    """Label-free samples of /metrics (label sets summed), by sample name."""
+    status, text = _get(f"{base}/metrics")
+    assert status == 200
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[s.name] = samples.get(s.name, 0.0) + s.value
+    return samples
+
+
+def run_loadtest(tmp_path, name: str, *argv: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    rc = main([*argv, "--disable-tqdm", "--result-json", str(out), "--seed", "3"])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def assert_agrees_with_server(before: dict, after: dict, result: dict) -> None:
+    n = result["completed"]
+    ttft_count = after["tokenwire_time_to_first_token_seconds_count"] - \
+        before["tokenwire_time_to_first_token_seconds_count"]
+    assert ttft_count == n
+    server_ttft = after["tokenwire_time_to_first_token_seconds_sum"] - \
+        before["tokenwire_time_to_first_token_seconds_sum"]
+    client_ttft = sum(result["ttfts"])
+    # The client's clock starts before the server's and stops after it: a little more.
+    assert server_ttft * 0.95 - 0.01 <= client_ttft <= server_ttft * 1.25 + 0.1 * n
+    generated = after["tokenwire_generation_tokens_total"] - \
+        before["tokenwire_generation_tokens_total"]
+    assert generated == result["total_output_tokens"] == result["client_output_tokens"]
+
+
+def test_websocket_random_run_matches_server_metrics(tokenwire_url, tmp_path):
+    before = scrape(tokenwire_url)
+    result = run_loadtest(
+        tmp_path, "ws", "--url", tokenwire_url.replace("http", "ws") + "/v1/ws",
+        "--num-prompts", "4", "--random-input-len", "16", "--random-output-len", "6",
+        "--ignore-eos", "--max-concurrency", "4", "--percentiles", "50,99")
+    after = scrape(tokenwire_url)
+    assert result["completed"] == 4 and result["failed"] == 0
+    assert result["output_lens"] == [6] * 4  # ignore_eos: exactly max_tokens each
+    assert result["input_lens"] == [16] * 4  # the server tokenized what the client built
+    assert result["total_deltas"] <= result["client_output_tokens"]
+    assert result["mean_ttft_ms"] > 0 and result["mean_tpot_ms"] > 0
+    assert_agrees_with_server(before, after, result)
+
+
+def test_msgpack_sessions_show_prefix_cache_hits_on_later_turns(tokenwire_url, tmp_path):
+    before = scrape(tokenwire_url)
+    result = run_loadtest(
+        tmp_path, "sessions", "--url", tokenwire_url.replace("http", "ws") + "/v1/ws",
+        "--msgpack", "--dataset", "sessions", "--num-sessions", "2", "--turns", "2",
+        "--random-input-len", "24", "--random-output-len", "4", "--ignore-eos")
+    after = scrape(tokenwire_url)
+    assert result["completed"] == 4 and result["transport"] == "ws+msgpack"
+    first, second = result["per_turn"]
+    # Turn 2 resends turn 1's history, which the prefix cache already holds.
+    assert second["mean_prompt_tokens"] > first["mean_prompt_tokens"]
+    assert second["mean_cached_tokens"] > first["mean_cached_tokens"]
+    assert_agrees_with_server(before, after, result)
+
+
+def test_openai_http_completions_run_matches_server_metrics(tokenwire_url, tmp_path):
+    before = scrape(tokenwire_url)
+    result = run_loadtest(
+        tmp_path, "http", "--url", tokenwire_url + "/v1", "--endpoint", "completions",
+        "--num-prompts", "2", "--random-input-len", "12", "--random-output-len", "5",
+        "--ignore-eos", "--request-rate", "20")
+    after = scrape(tokenwire_url)
+    assert result["completed"] == 2 and result["model"] == "SmolLM2-135M-Instruct"
+    assert result["output_lens"] == [5, 5]
+    assert_agrees_with_server(before, after, result)
