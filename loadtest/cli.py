@@ -11,7 +11,7 @@ import math
 import random
 import sys
 
-from loadtest import datasets
+from loadtest import datasets, server_metrics
 from loadtest.backends import HttpBackend, WsBackend
 from loadtest.config import DATASETS, ENDPOINTS, LoadTestConfig
 from loadtest.metrics import parse_goodput, summarize
@@ -50,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--percentiles", default="99", help="comma-separated, e.g. 50,90,99")
     p.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS",
                    help="SLOs for goodput: ttft:MS tpot:MS e2el:MS")
+    p.add_argument("--scrape-metrics", action="store_true",
+                   help="also report the server's /metrics (tokenwire) over the run")
     p.add_argument("--result-json", help="write the summary and per-request data here")
     p.add_argument("--plot", help="write latency CDFs and throughput over time (PNG)")
     p.add_argument("--disable-tqdm", action="store_true")
@@ -102,13 +104,15 @@ def run(args: argparse.Namespace) -> int:
     workload = build_workload(cfg, load_tokenizer(cfg.tokenizer))
     runner = Runner(cfg, make_backend(cfg), show_progress=not args.disable_tqdm)
     try:
-        outcome = asyncio.run(runner.run(**workload))
+        outcome, server = asyncio.run(_measure(runner, workload, cfg, args.scrape_metrics))
     except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a trace
         print(f"tokenwire loadtest: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     result = summarize(outcome.records, outcome.duration, outcome.t0, cfg.percentiles,
                        cfg.goodput)
     result.update(run_facts(cfg, outcome.model))
+    if server:
+        result["server"] = server
     print(format_summary(result, cfg.percentiles))
     if args.result_json:
         write_json(args.result_json, result, outcome.records)
@@ -117,6 +121,16 @@ def run(args: argparse.Namespace) -> int:
 
         plot(args.plot, outcome.records, outcome.t0, f"{cfg.url} {cfg.dataset}")
     return 0 if result["completed"] else 1
+
+
+async def _measure(runner: Runner, workload: dict, cfg: LoadTestConfig, scrape_metrics: bool):
+    """Run the workload, bracketed by /metrics scrapes when asked."""
+    if not scrape_metrics:
+        return await runner.run(**workload), {}
+    url = server_metrics.metrics_url(cfg.url)
+    before = await server_metrics.scrape(url)
+    outcome = await runner.run(**workload)
+    return outcome, server_metrics.server_delta(before, await server_metrics.scrape(url))
 
 
 def run_facts(cfg: LoadTestConfig, model: str | None) -> dict:

@@ -57,6 +57,7 @@ def format_summary(result: dict, percentiles) -> str:
         for p in percentiles:
             lines.append(_row(f"P{p:g} {short} (ms):", result[f"p{p:g}_{key}_ms"]))
     lines += _turn_lines(result.get("per_turn", []))
+    lines += _server_lines(result.get("server"))
     lines.append(_title("", "="))
     return "\n".join(lines)
 
@@ -71,6 +72,24 @@ def _turn_lines(turns: list[dict]) -> list[str]:
         cached = "-" if cached is None else f"{cached:.0f}"
         lines.append(f"{row['turn']:>4} {row['completed']:>4} {row['mean_prompt_tokens']:>8.0f} "
                      f"{cached:>8} {row['ttft_ms']['mean']:>9.2f} {row['ttft_ms']['median']:>10.2f}")
+    return lines
+
+
+def _server_lines(server: dict | None) -> list[str]:
+    """The server's own /metrics over the run, to set beside the client's numbers."""
+    if not server:
+        return []
+    lines = [_title("Server /metrics over the run")]
+    for key, short in (("ttft", "TTFT"), ("itl", "ITL"), ("e2el", "E2EL"), ("queue", "queue")):
+        mean = server[f"mean_{key}_ms"]
+        lines.append(_row(f"Server mean {short} (ms, n={server[key + '_count']}):",
+                          "-" if mean is None else mean))
+    lines += [_row("Server generation tokens:", server["generation_tokens"]),
+              _row("Server prompt tokens:", server["prompt_tokens"]),
+              _row("Server prefix cache hits / queries:",
+                   f"{server['prefix_cache_hits']} / {server['prefix_cache_queries']}"),
+              _row("Server preemptions:", server["preemptions"]),
+              _row("Server admission rejections:", server["admission_rejections"])]
     return lines
 
 

@@ -98,8 +98,11 @@ def test_websocket_random_run_matches_server_metrics(tokenwire_url, tmp_path):
     result = run_loadtest(
         tmp_path, "ws", "--url", tokenwire_url.replace("http", "ws") + "/v1/ws",
         "--num-prompts", "4", "--random-input-len", "16", "--random-output-len", "6",
-        "--ignore-eos", "--max-concurrency", "4", "--percentiles", "50,99")
+        "--ignore-eos", "--max-concurrency", "4", "--percentiles", "50,99", "--scrape-metrics")
     after = scrape(tokenwire_url)
+    # The tool's own /metrics bracket saw the same server-side counts.
+    assert result["server"]["ttft_count"] == 4
+    assert result["server"]["generation_tokens"] == result["total_output_tokens"]
     assert result["completed"] == 4 and result["failed"] == 0
     assert result["output_lens"] == [6] * 4  # ignore_eos: exactly max_tokens each
     assert result["input_lens"] == [16] * 4  # the server tokenized what the client built
