@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._attention_tile import load_kv_tile, online_softmax_step
 from kernels._paged import gather_kv
 from kernels._checks import (check_dim, check_head_dim, check_kv_cache, check_same,
                              check_tensor, dot_precision)
@@ -64,21 +65,11 @@ def _decode_partition_kernel(
     bt_row = block_tables_ptr + b * stride_bt
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        block_ids = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        slots = block_ids * BLOCK_SIZE + offs_n % BLOCK_SIZE
-        kv_offs = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + offs_d[None, :]
-        k = tl.load(k_cache_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        # Every tile holds >= 1 live token, so m_new is finite and no NaN can appear.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        n_mask = offs_n < end  # every tile holds >= 1 live token
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, bt_row, offs_n, n_mask, kvh,
+                            NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
+        m_i, l_i, acc = online_softmax_step(q, k, v, n_mask[None, :], m_i, l_i, acc,
+                                            qk_scale, DOT_PRECISION)
     if DIRECT:
         out = acc / l_i[:, None]
         tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=g_mask)

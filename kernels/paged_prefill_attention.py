@@ -22,6 +22,7 @@ import triton.language as tl
 
 from kernels._checks import (check_dim, check_head_dim, check_kv_cache, check_same,
                              check_tensor, dot_precision)
+from kernels._attention_tile import load_kv_tile, online_softmax_step
 from kernels._paged import gather_kv
 
 # Query rows per tile, and K/V tokens per tile = min(64, KV_TILE_ELEMS // head_dim): with
@@ -81,21 +82,12 @@ def _prefill_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
-        block_ids = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        slots = block_ids * BLOCK_SIZE + offs_n % BLOCK_SIZE
-        kv_offs = slots[:, None] * (NUM_KV_HEADS * HEAD_DIM) + kvh * HEAD_DIM + offs_d[None, :]
-        k = tl.load(k_cache_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + kv_offs, mask=n_mask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        # Position 0 is in the first tile and visible to every row, so m_i turns finite
-        # there and later fully-masked rows only add exp2(-inf) = 0.
-        s = tl.where(n_mask[None, :] & (offs_n[None, :] <= pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, bt_row, offs_n, n_mask, kvh,
+                            NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
+        # Causal. Position 0 sits in the first tile and every row sees it.
+        visible = n_mask[None, :] & (offs_n[None, :] <= pos[:, None])
+        m_i, l_i, acc = online_softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale,
+                                            DOT_PRECISION)
     out = acc / l_i[:, None]
     o_offs = (q_begin + q_idx)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_mask)

@@ -38,24 +38,26 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + offs, out.to(dtype), mask=mask)
 
 
-def _check_args(x, weight, residual) -> None:
+def _check_args(x, weight, residual, out) -> None:
     check_tensor("x", x, 2)
     check_tensor("weight", weight, 1)
     check_same("weight", weight, "x", x)
     check_dim("weight", weight, 0, x.shape[1])
-    if residual is not None:
-        check_tensor("residual", residual, 2)
-        check_same("residual", residual, "x", x)
-        if residual.shape != x.shape:
-            raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    for name, t in (("residual", residual), ("out", out)):
+        if t is not None:
+            check_tensor(name, t, 2)
+            check_same(name, t, "x", x)
+            if t.shape != x.shape:
+                raise ValueError(f"{name} shape {tuple(t.shape)} != x shape {tuple(x.shape)}")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None):
-    """RMSNorm of x [T, N]; with residual [T, N] returns (out, x + residual)."""
-    _check_args(x, weight, residual)
+             residual: torch.Tensor | None = None, out: torch.Tensor | None = None):
+    """RMSNorm of x [T, N] into out (allocated if None); with residual [T, N] returns
+    (out, x + residual)."""
+    _check_args(x, weight, residual, out)
     num_rows, n = x.shape
-    out = torch.empty_like(x)
+    out = torch.empty_like(x) if out is None else out
     new_residual = torch.empty_like(x) if residual is not None else None
     if num_rows > 0:
         block = triton.next_power_of_2(n)
@@ -71,10 +73,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: torch.Tensor | None = None):
+                 residual: torch.Tensor | None = None, out: torch.Tensor | None = None):
     """Plain-torch rms_norm: same arguments and results."""
     h = x if residual is None else x + residual
     hf = h.float()
     normed = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
-    out = weight * normed
+    out = torch.mul(weight, normed, out=out)
     return out if residual is None else (out, h)

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._checks import check_tensor
+from kernels._checks import check_same, check_tensor
 
 BLOCK = 1024
 
@@ -20,13 +20,18 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, I, BLOCK: tl.conste
     tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """silu(x[:, :I]) * x[:, I:] for x [T, 2*I]; returns [T, I] in x's dtype."""
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(x[:, :I]) * x[:, I:] for x [T, 2*I] into out [T, I] (allocated if None)."""
     check_tensor("x", x, 2)
     if x.shape[1] % 2:
         raise ValueError(f"x's last dim must be even (gate and up halves), got {x.shape[1]}")
     num_rows, inter = x.shape[0], x.shape[1] // 2
-    out = x.new_empty(num_rows, inter)
+    if out is None:
+        out = x.new_empty(num_rows, inter)
+    check_tensor("out", out, 2)
+    check_same("out", out, "x", x)
+    if out.shape != (num_rows, inter):
+        raise ValueError(f"out shape {tuple(out.shape)} != {(num_rows, inter)}")
     if num_rows > 0 and inter > 0:
         block = min(BLOCK, triton.next_power_of_2(inter))
         _silu_and_mul_kernel[(num_rows, triton.cdiv(inter, block))](
@@ -34,7 +39,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
-    """Plain-torch silu_and_mul (fp32 math): same argument and result."""
+def silu_and_mul_ref(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain-torch silu_and_mul (fp32 math): same arguments and result."""
     gate, up = x.float().chunk(2, dim=-1)
-    return (torch.nn.functional.silu(gate) * up).to(x.dtype)
+    result = (torch.nn.functional.silu(gate) * up).to(x.dtype)
+    return result if out is None else out.copy_(result)

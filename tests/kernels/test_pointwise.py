@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from kernel_cases import assert_close, gpu, randn
+from kernel_cases import assert_close, gpu, nan_like, randn
 from kernels.rms_norm import rms_norm, rms_norm_ref
 from kernels.rotary import apply_rotary, apply_rotary_ref, build_cos_sin_cache
 from kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
@@ -16,14 +16,15 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 def test_rms_norm_matches_reference(gen, device, dtype):
     x = randn(gen, 5, 96, dtype=dtype, device=device)  # 96: not a power of two
     weight = randn(gen, 96, dtype=dtype, device=device)
-    assert_close(rms_norm(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5))
+    out = rms_norm(x, weight, 1e-5, out=nan_like(x))
+    assert_close(out, rms_norm_ref(x, weight, 1e-5))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm_fused_residual(gen, device, dtype):
     x, residual = (randn(gen, 4, 64, dtype=dtype, device=device) for _ in range(2))
     weight = randn(gen, 64, dtype=dtype, device=device)
-    out, new_residual = rms_norm(x, weight, 1e-6, residual=residual)
+    out, new_residual = rms_norm(x, weight, 1e-6, residual=residual, out=nan_like(x))
     out_ref, residual_ref = rms_norm_ref(x, weight, 1e-6, residual=residual)
     assert torch.equal(new_residual, x + residual)  # rounded to dtype, as HF adds
     assert torch.equal(new_residual, residual_ref)
@@ -76,7 +77,7 @@ def test_rotary_matches_hf_llama(gen, device):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul_matches_reference(gen, device, dtype):
     x = randn(gen, 3, 2 * 80, dtype=dtype, device=device)
-    out = silu_and_mul(x)
+    out = silu_and_mul(x, out=nan_like(x[:, :80]))
     assert out.shape == (3, 80)
     assert_close(out, silu_and_mul_ref(x))
     gate, up = x.float().chunk(2, dim=-1)
@@ -93,6 +94,10 @@ def test_pointwise_reject_bad_arguments(gen, device):
         rms_norm(x, x[0], 1e-5, residual=x[:2])
     with pytest.raises(ValueError, match="even"):
         silu_and_mul(x[:, :63])
+    with pytest.raises(ValueError, match="out"):
+        silu_and_mul(x, out=x[:, :16])
+    with pytest.raises(ValueError, match="out"):
+        rms_norm(x, x[0], 1e-5, out=x[:, :16])
     q, k = x.view(4, 2, 32), x.view(4, 2, 32).clone()
     cache = build_cos_sin_cache(8, 32, 10000.0, torch.float32, device)
     with pytest.raises(ValueError, match="positions"):
