@@ -1,0 +1,92 @@
+"""BlockManager and StepScheduler unit tests: no model, just block bookkeeping."""
+from engine.block_manager import BlockManager
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.step_scheduler import StepScheduler
+
+
+def make(tokens, rid="r"):
+    return Request(rid, list(tokens), SamplingParams(max_tokens=4))
+
+
+def test_prefix_hit_needs_matching_tokens_and_skips_last_token():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = make(range(10))
+    assert bm.allocate(a, 10)
+    a.num_computed_tokens = 10
+    bm.cache_full_blocks(a)  # two full blocks registered
+    assert len(a.block_hashes) == 2
+    b = make(list(range(8)) + [99, 98])
+    assert bm.find_cached_prefix(b) == a.block_ids[:2]
+    c = make(range(8))  # exactly two blocks: the last token must be computed
+    assert bm.find_cached_prefix(c) == a.block_ids[:1]
+    d = make([5] + list(range(1, 10)))
+    assert bm.find_cached_prefix(d) == []
+
+
+def test_freed_blocks_stay_findable_until_reused():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    a = make(range(9))
+    bm.allocate(a, 9)
+    a.num_computed_tokens = 9
+    bm.cache_full_blocks(a)
+    cached = list(a.block_ids[:2])
+    bm.free(a)
+    assert bm.num_free_blocks == 4
+    b = make(range(9), "b")
+    assert bm.find_cached_prefix(b) == cached
+    # reuse every block: the old hashes must be gone
+    c = make(range(100, 116), "c")
+    bm.allocate(c, 16)
+    assert bm.find_cached_prefix(make(range(9), "e")) == []
+    bm.free(c)
+    assert bm.num_free_blocks == 4
+
+
+def test_shared_blocks_are_ref_counted():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    a = make(range(9), "a")
+    bm.allocate(a, 9)
+    a.num_computed_tokens = 9
+    bm.cache_full_blocks(a)
+    b = make(range(9), "b")
+    hit = bm.find_cached_prefix(b)
+    b.num_computed_tokens = len(hit) * 4
+    assert bm.allocate(b, 9 - b.num_computed_tokens, hit)
+    assert bm.blocks[hit[0]].ref_count == 2
+    bm.free(a)
+    assert bm.blocks[hit[0]].ref_count == 1
+    bm.free(b)
+    assert bm.num_free_blocks == 6
+
+
+def test_scheduler_preempts_latest_when_blocks_run_out_then_all_free():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    sched = StepScheduler(bm, max_num_seqs=8, token_budget=64)
+    reqs = [make(range(i * 10, i * 10 + 7), f"r{i}") for i in range(2)]
+    for r in reqs:
+        sched.add(r)
+    batch = sched.schedule()
+    assert [r.request_id for r in batch.requests] == ["r0", "r1"]
+    for r, n in zip(batch.requests, batch.num_new_tokens):
+        r.num_computed_tokens += n
+        r.all_token_ids.extend([1, 2])  # pretend two tokens were generated
+    batch = sched.schedule()  # each needs a third block: only one can continue
+    assert [r.request_id for r in batch.preempted] == ["r1"]
+    assert reqs[1].num_computed_tokens == 0 and sched.waiting[0] is reqs[1]
+    for r in list(sched.running) + list(sched.waiting):
+        sched.finish(r, "cancelled")
+    assert bm.num_free_blocks == 4
+
+
+def test_chunked_prefill_respects_token_budget():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    sched = StepScheduler(bm, max_num_seqs=8, token_budget=5)
+    r = make(range(12))
+    sched.add(r)
+    sizes = []
+    while r.num_computed_tokens < r.num_tokens:
+        batch = sched.schedule()
+        sizes.append(batch.num_new_tokens[0])
+        r.num_computed_tokens += batch.num_new_tokens[0]
+    assert sizes == [5, 5, 2]

@@ -1,0 +1,82 @@
+"""Prefix cache, preemption, block accounting and bad input on the real default model."""
+import pytest
+
+from engine import LLM, InvalidRequestError, PromptTooLongError, SamplingParams
+from engine.errors import ModelLoadError
+from tests.engine.conftest import assert_all_blocks_free
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+LONG_PREFIX = ("You are a meticulous assistant. Answer briefly and cite the rule you used. "
+               "Rules: be kind, be exact, say when you do not know, never invent facts. ") * 3
+
+
+def test_prefix_cache_hit_reports_cached_tokens_and_same_output(llm):
+    block = llm.core.config.block_size
+    llm.generate([LONG_PREFIX + "Q: What is 2+2?"], GREEDY)
+    second = llm.generate([LONG_PREFIX + "Q: Name a color."], GREEDY)[0]
+    shared = len(llm.tokenizer.encode(LONG_PREFIX)) - 1
+    assert second.num_cached_tokens >= (shared // block) * block > 0
+    uncached = LLM(model="default", device="cpu", enable_prefix_caching=False)
+    again = uncached.generate([LONG_PREFIX + "Q: Name a color."], GREEDY)[0]
+    assert again.num_cached_tokens == 0
+    assert again.token_ids == second.token_ids
+    assert_all_blocks_free(llm.core)
+
+
+def test_preemption_with_small_pool_gives_same_outputs(llm):
+    prompts = [f"Story {i}: the dragon and the {w} went to" for i, w in
+               enumerate(["knight", "baker", "robot", "cat", "poet", "sailor"])]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    big = llm.generate(prompts, params)
+    # 12 blocks of 16 tokens cannot hold 6 requests of ~55 tokens at once
+    small = LLM(model="default", device="cpu", num_kv_blocks=12, enable_prefix_caching=False)
+    outs = small.generate(prompts, params)
+    assert small.core.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outs] == [o.token_ids for o in big]
+    assert all(o.finish_reason == "length" and len(o.token_ids) == 40 for o in outs)
+    assert_all_blocks_free(small.core)
+
+
+def test_abort_frees_blocks(llm):
+    core = llm.core
+    for i in range(3):
+        core.add_request(f"a{i}", llm.tokenizer.encode(f"Count to ten, {i}:"),
+                         SamplingParams(max_tokens=50, temperature=0.0))
+    core.step()
+    core.step()
+    for i in range(3):
+        core.abort_request(f"a{i}")
+    outs = core.step()
+    assert sorted(o.request_id for o in outs if o.finished) == ["a0", "a1", "a2"]
+    assert all(o.finish_reason == "cancelled" for o in outs)
+    assert_all_blocks_free(core)
+
+
+def test_bad_input_is_rejected_and_engine_keeps_serving(llm):
+    core = llm.core
+    with pytest.raises(PromptTooLongError):
+        core.validate([1] * core.max_model_len, GREEDY)
+    with pytest.raises(InvalidRequestError, match="prompt"):
+        core.validate([], GREEDY)
+    with pytest.raises(InvalidRequestError, match="prompt"):
+        core.validate([core.vocab_size + 5], GREEDY)
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(InvalidRequestError, match="params.bogus"):
+        SamplingParams.from_dict({"bogus": 1})
+    with pytest.raises(InvalidRequestError, match="max_tokens"):
+        SamplingParams.from_dict({"max_tokens": "5"})
+    with pytest.raises(ModelLoadError):
+        LLM(model="/nonexistent/model", device="cpu")
+    out = llm.generate(["Hello"], GREEDY)[0]
+    assert out.token_ids and out.finish_reason in ("stop", "length")
+    assert_all_blocks_free(core)
+
+
+def test_generation_stops_at_context_limit():
+    small = LLM(model="default", device="cpu", max_model_len=40)
+    prompt = small.tokenizer.encode("Tell me a very long story about a lighthouse keeper.")
+    out = small.generate([prompt], SamplingParams(max_tokens=500, ignore_eos=True,
+                                                  temperature=0.0))[0]
+    assert out.finish_reason == "length"
+    assert len(prompt) + len(out.token_ids) == 40

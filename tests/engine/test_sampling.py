@@ -1,0 +1,112 @@
+"""Each sampling parameter changes what comes out; each test fails if it is ignored."""
+import torch
+
+from engine import SamplingParams
+from engine.request import Request
+from engine.sampler import Sampler, apply_penalties, filtered_probs
+
+PROMPT = "My favourite fruit is"
+
+
+def gen(llm, n=16, **kw):
+    params = SamplingParams(max_tokens=kw.pop("max_tokens", n), **kw)
+    return llm.generate([PROMPT], params)[0]
+
+
+def test_seed_reproducible_and_distinct(llm):
+    a = gen(llm, temperature=1.0, seed=7)
+    b = gen(llm, temperature=1.0, seed=7)
+    c = gen(llm, temperature=1.0, seed=8)
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+def test_seeded_requests_are_independent_of_batch(llm):
+    alone = gen(llm, temperature=0.9, seed=3)
+    batch = llm.generate([PROMPT, "Other prompt here", PROMPT],
+                         [SamplingParams(max_tokens=16, temperature=0.9, seed=s) for s in (3, 4, 3)])
+    assert batch[0].token_ids == alone.token_ids == batch[2].token_ids
+
+
+def test_temperature_zero_is_greedy_and_high_temperature_differs(llm):
+    greedy = gen(llm, temperature=0.0)
+    assert gen(llm, temperature=0.0).token_ids == greedy.token_ids
+    hot = [gen(llm, temperature=5.0, seed=s).token_ids for s in range(3)]
+    assert any(h != greedy.token_ids for h in hot)
+
+
+def test_top_k_one_equals_greedy(llm):
+    greedy = gen(llm, temperature=0.0)
+    assert gen(llm, temperature=5.0, top_k=1, seed=1).token_ids == greedy.token_ids
+
+
+def test_top_p_and_min_p_filter_the_distribution():
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0])
+    p = torch.softmax(logits, 0)
+    probs = filtered_probs(logits, SamplingParams(top_p=0.7))
+    kept = (probs > 0).nonzero().flatten().tolist()
+    assert kept == [0, 1]  # 0.64 < 0.7, so the second token is needed too
+    probs = filtered_probs(logits, SamplingParams(min_p=0.3))
+    assert ((probs > 0) == (p >= 0.3 * p.max())).all()
+    probs = filtered_probs(logits, SamplingParams(top_k=3))
+    assert (probs > 0).sum() == 3
+
+
+def test_tiny_top_p_and_high_min_p_make_sampling_greedy(llm):
+    greedy = gen(llm, temperature=0.0)
+    assert gen(llm, temperature=2.0, top_p=1e-6, seed=5).token_ids == greedy.token_ids
+    assert gen(llm, temperature=2.0, min_p=0.999, seed=5).token_ids == greedy.token_ids
+
+
+def test_penalties_change_logits_and_outputs(llm):
+    req = Request("x", [1, 2], SamplingParams(repetition_penalty=2.0))
+    req.all_token_ids += [3, 3]
+    logits = torch.tensor([1.0, 4.0, -2.0, 6.0, 5.0])
+    apply_penalties(logits, req)
+    assert logits.tolist() == [1.0, 2.0, -4.0, 3.0, 5.0]
+    req = Request("y", [1], SamplingParams(presence_penalty=1.0, frequency_penalty=0.5))
+    req.all_token_ids += [3, 3, 4]
+    logits = torch.zeros(5)
+    apply_penalties(logits, req)
+    assert logits.tolist() == [0.0, 0.0, 0.0, -2.0, -1.5]
+    base = gen(llm, n=40, temperature=0.0, ignore_eos=True)
+    for kw in ({"repetition_penalty": 1.8}, {"presence_penalty": 2.0},
+               {"frequency_penalty": 2.0}):
+        assert gen(llm, n=40, temperature=0.0, ignore_eos=True, **kw).token_ids != base.token_ids
+
+
+def test_max_tokens_and_ignore_eos(llm):
+    out = gen(llm, n=5, temperature=0.0, ignore_eos=True)
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"
+    chat = llm.core.encode_chat([{"role": "user", "content": "Say hello."}])
+    with_eos = llm.generate([chat], SamplingParams(max_tokens=48, temperature=0.0))[0]
+    assert with_eos.token_ids[-1] in llm.core.eos_token_ids
+    assert with_eos.finish_reason == "stop"
+    ignored = llm.generate([chat], SamplingParams(max_tokens=48, temperature=0.0,
+                                                  ignore_eos=True))[0]
+    assert len(ignored.token_ids) == 48
+
+
+def test_stop_token_ids(llm):
+    base = gen(llm, temperature=0.0, ignore_eos=True)
+    stop_at = base.token_ids[3]
+    out = gen(llm, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_at])
+    assert out.token_ids == base.token_ids[:base.token_ids.index(stop_at) + 1]
+    assert out.finish_reason == "stop"
+
+
+def test_stop_string_across_tokens_never_leaks(llm):
+    base = gen(llm, n=30, temperature=0.0, ignore_eos=True)
+    text = base.text
+    stop = text[5:12]  # likely spans a token boundary
+    out = gen(llm, n=30, temperature=0.0, ignore_eos=True, stop=[stop, "zzzz-never"])
+    assert out.finish_reason == "stop"
+    assert out.text == text[:text.index(stop)]
+    assert stop not in out.text
+
+
+def test_sampler_greedy_batch_fast_path():
+    sampler = Sampler()
+    reqs = [Request(f"r{i}", [1], SamplingParams(temperature=0.0)) for i in range(3)]
+    logits = torch.randn(3, 50)
+    assert sampler.sample(logits, reqs) == logits.argmax(-1).tolist()
