@@ -53,6 +53,8 @@ _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
 
 # Real shapes for `dummy:NAME` models (random weights, for benchmarks).
 DUMMY_SHAPES = {
+    # tiny: a 2-layer GQA model for tests that run kernels under the Triton interpreter
+    "tiny": ModelConfig(49152, 64, 128, 2, 4, 2, 16, 1e-5, 10000.0, None, 2048, True),
     "smollm2-135m": ModelConfig(49152, 576, 1536, 30, 9, 3, 64, 1e-5, 100000.0, None, 8192, True),
     "llama-3.2-1b": ModelConfig(128256, 2048, 8192, 16, 32, 8, 64, 1e-5, 500000.0,
                                 _LLAMA3_ROPE, 131072, True),
