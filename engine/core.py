@@ -31,6 +31,7 @@ class EngineCore:
         loaded = load_model(config.model, config.resolved_device(), config.resolved_dtype(),
                             config.seed)
         self.tokenizer = loaded.tokenizer
+        self.model_config = loaded.config
         self.model_name = loaded.name
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids)
         self.vocab_size = loaded.config.vocab_size

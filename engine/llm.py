@@ -25,6 +25,15 @@ class LLM:
     def tokenizer(self):
         return self.core.tokenizer
 
+    @property
+    def engine_config(self) -> EngineConfig:
+        return self.core.config
+
+    @property
+    def model_config(self):
+        """The model's shape (engine.models.config.ModelConfig)."""
+        return self.core.model_config
+
     def generate(self, prompts: Sequence[str] | Sequence[list[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[CompletionOutput]:

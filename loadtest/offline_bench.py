@@ -1,0 +1,156 @@
+"""`tokenwire bench`: offline throughput of our engine beside Hugging Face transformers on
+identical prompts, same weights, same box, in one run; prints both, the ratio, and the
+fraction of the hardware ceiling measured in the same run."""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+
+from engine import LLM, SamplingParams
+from loadtest import hf_peers
+from loadtest.roofline import (Workload, bandwidth_ceiling, compute_ceiling,
+                               measure_hardware)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="default, a local HF dir, or dummy:NAME")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="auto: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--peers", default="auto",
+                   help="comma list of static,cb or none; auto: static on CPU, both on CUDA")
+    p.add_argument("--hf-batch-size", type=int, default=None,
+                   help="static-batch size for HF generate (default: all prompts at once)")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--no-cuda-graph", action="store_true")
+    p.add_argument("--num-threads", type=int, default=None, help="CPU threads (torch default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result-json", default=None, help="also write the figures here")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    llm = LLM(model=args.model, device=args.device, dtype=args.dtype, **_engine_limits(args))
+    device, dtype = llm.engine_config.resolved_device(), llm.engine_config.resolved_dtype()
+    workload = Workload(args.num_prompts, args.input_len, args.output_len)
+    prompts = random_prompts(len(llm.tokenizer), workload, args.seed)
+    rows = {"tokenwire": _time_engine(llm, prompts, args.output_len)}
+    model_config = llm.model_config
+    del llm  # free the KV pool before the peers load their own copy of the weights
+    _empty_cache(device)
+    for peer in _peers(args.peers, device):
+        rows[f"HF {peer}"] = _time_peer(peer, args, device, dtype, prompts)
+    hw = measure_hardware(device, dtype)
+    ceiling = (compute_ceiling(model_config, workload, hw) if device.type == "cpu" else
+               bandwidth_ceiling(model_config, workload, hw, torch.tensor([], dtype=dtype).element_size()))
+    report = _report(args, device, dtype, rows, hw, ceiling)
+    print(_format(report))
+    if args.result_json:
+        with open(args.result_json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+def _engine_limits(args) -> dict:
+    limits = {"attention_backend": args.attention_backend, "seed": args.seed,
+              "use_cuda_graph": not args.no_cuda_graph}
+    if args.max_num_seqs:
+        limits["max_num_seqs"] = args.max_num_seqs
+    if args.max_num_batched_tokens:
+        limits["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.num_threads:
+        limits["num_threads"] = args.num_threads
+    return limits
+
+
+def random_prompts(vocab: int, w: Workload, seed: int) -> list[list[int]]:
+    """Seeded random token ids away from the special tokens at both ends of the vocab."""
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab - 100) for _ in range(w.input_len)]
+            for _ in range(w.num_prompts)]
+
+
+def _time_engine(llm: LLM, prompts, output_len: int) -> dict:
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+    llm.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    seconds = time.perf_counter() - start
+    return _row(sum(len(o.token_ids) for o in outs), seconds)
+
+
+def _time_peer(peer: str, args, device, dtype, prompts) -> dict:
+    model = hf_peers.load_hf_model(args.model, device, dtype)
+    if peer == "static":
+        batch = args.hf_batch_size or len(prompts)
+        hf_peers.run_static(model, prompts[:2], 4, 2)  # warm-up
+        tokens, seconds = hf_peers.run_static(model, prompts, args.output_len, batch)
+    else:
+        tokens, seconds = hf_peers.run_continuous_batching(model, prompts, args.output_len)
+    del model
+    _empty_cache(device)
+    return _row(tokens, seconds)
+
+
+def _row(tokens: int, seconds: float) -> dict:
+    return {"output_tokens": tokens, "seconds": round(seconds, 3),
+            "output_tok_per_s": round(tokens / seconds, 1)}
+
+
+def _peers(choice: str, device: torch.device) -> list[str]:
+    if choice == "auto":
+        return ["static"] if device.type == "cpu" else list(hf_peers.PEERS)
+    if choice == "none":
+        return []
+    peers = [p.strip() for p in choice.split(",")]
+    unknown = set(peers) - set(hf_peers.PEERS)
+    if unknown:
+        raise SystemExit(f"--peers: unknown {sorted(unknown)}; choose from {hf_peers.PEERS}")
+    return peers
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _report(args, device, dtype, rows, hw, ceiling) -> dict:
+    ours = rows["tokenwire"]["output_tok_per_s"]
+    for row in rows.values():
+        row["ours_vs_this"] = round(ours / row["output_tok_per_s"], 2)
+    return {
+        "model": args.model, "device": _device_name(device), "dtype": str(dtype).removeprefix("torch."),
+        "workload": f"{args.num_prompts} x {args.input_len} in x {args.output_len} out, ignore_eos",
+        "matmul_gflops": round(hw.matmul_flops / 1e9, 1),
+        "copy_gb_per_s": round(hw.copy_bytes_per_s / 1e9, 1),
+        "ceiling_out_tok_per_s": round(ceiling, 1),
+        "fraction_of_ceiling": round(ours / ceiling, 3),
+        "results": rows,
+    }
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def _format(r: dict) -> str:
+    lines = [f"model {r['model']} on {r['device']}, {r['dtype']}; {r['workload']}",
+             f"{'system':<14}{'out tok':>9}{'seconds':>10}{'out tok/s':>11}{'ours / this':>13}"]
+    for name, row in r["results"].items():
+        lines.append(f"{name:<14}{row['output_tokens']:>9}{row['seconds']:>10.2f}"
+                     f"{row['output_tok_per_s']:>11.1f}{row['ours_vs_this']:>12.2f}x")
+    lines.append(f"hardware: matmul {r['matmul_gflops']} GFLOP/s, copy {r['copy_gb_per_s']} GB/s; "
+                 f"ceiling {r['ceiling_out_tok_per_s']} out tok/s; "
+                 f"tokenwire at {100 * r['fraction_of_ceiling']:.0f}% of it")
+    return "\n".join(lines)
