@@ -30,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag in ("--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
                  "--num-kv-blocks", "--block-size"):
         e.add_argument(flag, type=int, default=None, help="engine default when omitted")
+    e.add_argument("--no-prefix-caching", action="store_true",
+                   help="recompute every prompt (to measure what the prefix cache saves)")
+    e.add_argument("--num-threads", type=int, default=None,
+                   help="CPU intra-op threads (default: torch's)")
     g = parser.add_argument_group("gateway limits")
     g.add_argument("--max-message-bytes", type=int, default=D.max_message_bytes)
     g.add_argument("--heartbeat", type=float, default=D.heartbeat_s, help="seconds")
@@ -75,8 +79,9 @@ def engine_config(args: argparse.Namespace):
 
     limits = {name: getattr(args, name) for name in (
         "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks",
-        "block_size") if getattr(args, name) is not None}
-    return EngineConfig(model=args.model, device=args.device, dtype=args.dtype, **limits)
+        "block_size", "num_threads") if getattr(args, name) is not None}
+    return EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
+                        enable_prefix_caching=not args.no_prefix_caching, **limits)
 
 
 def run(args: argparse.Namespace) -> int:
