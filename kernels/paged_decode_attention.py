@@ -109,6 +109,18 @@ def _decode_merge_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
+def partition_constexprs(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                         partition_size: int, direct: bool, dtype: torch.dtype) -> dict:
+    """Compile-time parameters of the partition kernel (also used by the sm_90 build test)."""
+    group = num_heads // num_kv_heads
+    return dict(
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, BLOCK_N=max(16, min(KV_TILE_ELEMS // head_dim, partition_size)),
+        PARTITION_SIZE=partition_size, DIRECT=direct, DOT_PRECISION=dot_precision(dtype),
+    )
+
+
 def _check_args(q, k_cache, v_cache, block_tables, seq_lens, out, partition_size) -> None:
     check_tensor("q", q, 3)
     check_kv_cache(k_cache, v_cache)
@@ -152,7 +164,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         out = torch.empty_like(q)
     if batch == 0:
         return out
-    group = num_heads // num_kv_heads
     num_parts = max(1, triton.cdiv(max_blocks * block_size, partition_size))
     direct = num_parts == 1
     part_shape = (batch, num_heads, num_parts) if not direct else (1,)
@@ -163,10 +174,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_max, part_sum,
         scale * math.log2(math.e), max_blocks, q.stride(0), q.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=max(16, min(KV_TILE_ELEMS // head_dim, partition_size)),
-        PARTITION_SIZE=partition_size, DIRECT=direct, DOT_PRECISION=dot_precision(q.dtype),
+        **partition_constexprs(num_heads, num_kv_heads, head_dim, block_size, partition_size,
+                               direct, q.dtype),
     )
     if not direct:
         _decode_merge_kernel[(batch, num_heads)](

@@ -93,6 +93,18 @@ def _prefill_kernel(
     tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
+def prefill_constexprs(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
+                       dtype: torch.dtype) -> dict:
+    """Compile-time parameters of the prefill kernel (also used by the sm_90 build test)."""
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    return dict(
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, BLOCK_Q=max(1, BLOCK_M // group_pad),
+        BLOCK_N=max(16, min(64, KV_TILE_ELEMS // head_dim)), DOT_PRECISION=dot_precision(dtype),
+    )
+
+
 def _check_args(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out) -> None:
     check_tensor("q", q, 3)
     check_kv_cache(k_cache, v_cache)
@@ -137,17 +149,12 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         out = torch.empty_like(q)
     if num_tokens == 0 or batch == 0:
         return out
-    group = num_heads // num_kv_heads
-    group_pad = triton.next_power_of_2(group)
-    block_q = max(1, BLOCK_M // group_pad)
-    block_n = max(16, min(64, KV_TILE_ELEMS // head_dim))
-    _prefill_kernel[(num_tokens // block_q + batch, num_kv_heads)](
+    constexprs = prefill_constexprs(num_heads, num_kv_heads, head_dim, block_size, q.dtype)
+    _prefill_kernel[(num_tokens // constexprs["BLOCK_Q"] + batch, num_kv_heads)](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
         scale * math.log2(math.e), batch, block_tables.shape[1], q.stride(0), q.stride(1),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=block_n,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=NUM_WARPS,
+        block_tables.stride(0), out.stride(0), out.stride(1), **constexprs,
+        num_warps=NUM_WARPS,
     )
     return out
 
