@@ -1,15 +1,31 @@
 #!/usr/bin/env bash
-# Browser-side test tools: Debian's chromium, and npm's wscat + playwright-core in .tools/.
-# Idempotent and quick when everything is already there. Needs root (or sudo) for apt-get
-# the first time; `npx playwright install` is not used because it downloads browsers.
+# Third-party clients for tests/gateway/test_clients.py: Debian's chromium (and node, if
+# missing) from apt, then wscat + playwright-core from tests/gateway/package-lock.json into
+# tests/gateway/node_modules. Idempotent: a second run with everything in place does
+# nothing. Playwright's own browser download is never used; it drives /usr/bin/chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v chromium >/dev/null 2>&1; then
-    SUDO=""
-    [ "$(id -u)" = 0 ] || SUDO="sudo"
-    $SUDO apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends chromium
-fi
-if [ ! -x .tools/node_modules/.bin/wscat ] || [ ! -d .tools/node_modules/playwright-core ]; then
-    npm install --silent --no-audit --no-fund --prefix .tools wscat@6.1.0 playwright-core@1.65.1
+
+apt_install() {
+    local sudo=""
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null 2>&1 || {
+            echo "setup_browser: need root or sudo to apt-get install $*" >&2; exit 1; }
+        sudo="sudo"
+    fi
+    command -v apt-get >/dev/null 2>&1 || {
+        echo "setup_browser: no apt-get; install $* by hand" >&2; exit 1; }
+    $sudo apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "$@"
+}
+
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+
+# npm ci wipes and reinstalls, so run it only when the lockfile is newer than the install.
+stamp=tests/gateway/node_modules/.package-lock.json
+if [ ! -f "$stamp" ] || [ tests/gateway/package-lock.json -nt "$stamp" ]; then
+    npm ci --prefix tests/gateway --no-audit --no-fund --loglevel=error
 fi

@@ -1,0 +1,66 @@
+// Drive the browser chat page through a two-turn chat in headless Chromium, screenshot it,
+// then start a third, long reply and end it with the Stop button.
+// Usage: node browser_chat.js URL SCREENSHOT_PATH   (prints a JSON summary on stdout)
+// playwright-core comes from tests/gateway/node_modules; the browser is Debian's chromium.
+"use strict";
+const fs = require("fs");
+const os = require("os");
+const path = require("path");
+const { chromium } = require("playwright-core");
+
+const [url, screenshot] = process.argv.slice(2);
+const QUESTIONS = ["What is the capital of France?", "And what is its most famous tower?"];
+const LONG_QUESTION = "Count from one to one hundred in words.";
+
+async function main() {
+  const userDataDir = fs.mkdtempSync(path.join(os.tmpdir(), "tokenwire-chromium-"));
+  const context = await chromium.launchPersistentContext(userDataDir, {
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    viewport: { width: 1000, height: 640 },
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  });
+  try {
+    const page = context.pages()[0] || await context.newPage();
+    const consoleErrors = [];
+    page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
+    await page.goto(url);
+    await page.waitForSelector("#status.on", { timeout: 30000 });
+    const replies = [];
+    for (let i = 0; i < QUESTIONS.length; i++) {
+      await page.fill("#input", QUESTIONS[i]);
+      await page.keyboard.press("Enter");
+      // A finished reply carries its meta line (TTFT, tokens/s).
+      await page.waitForFunction((n) => document.querySelectorAll(
+        ".msg.assistant .meta").length === n, i + 1, { timeout: 60000 });
+      replies.push(await page.$$eval(".msg.assistant", (els) =>
+        els[els.length - 1].firstChild.textContent));
+    }
+    const stats = await page.textContent("#stats");
+    const metas = await page.$$eval(".msg.assistant .meta", (els) => els.map((e) => e.textContent));
+    await page.screenshot({ path: screenshot });
+    const users = await page.$$eval(".msg.user", (els) => els.map((e) => e.textContent));
+    const stopped = await stopLongReply(page);
+    console.log(JSON.stringify({ replies, stats, metas, users, stopped, consoleErrors }));
+  } finally {
+    await context.close();
+    fs.rmSync(userDataDir, { recursive: true, force: true });
+  }
+}
+
+// Ask for a long reply, press Stop once it streams; returns the reply's meta line.
+async function stopLongReply(page) {
+  await page.fill("#input", LONG_QUESTION);
+  await page.keyboard.press("Enter");
+  await page.waitForFunction(() => {
+    const el = document.querySelector(".msg.assistant.streaming");
+    return el && el.textContent.length > 0;
+  }, null, { timeout: 60000 });
+  await page.click("#stop");
+  await page.waitForFunction(() => document.querySelectorAll(".msg.assistant .meta").length === 3,
+    null, { timeout: 60000 });
+  return page.$$eval(".msg.assistant .meta", (els) => els[els.length - 1].textContent);
+}
+
+main().catch((e) => { console.error(e); process.exit(1); });

@@ -1,0 +1,90 @@
+"""Third-party clients against the real server: wscat (npm) and the browser page in Chromium.
+
+scripts/setup_browser.sh installs both (Debian's chromium; wscat and playwright-core from
+tests/gateway/package-lock.json into tests/gateway/node_modules). The browser test writes
+its screenshot to a temporary file; TOKENWIRE_UPDATE_SCREENSHOT=1 copies it to
+docs/browser-chat.png (the one the README shows) so ordinary runs leave the tree clean.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = Path(__file__).resolve().parent / "node_modules"
+WSCAT = TOOLS / ".bin" / "wscat"
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+SCREENSHOT = REPO / "docs" / "browser-chat.png"
+
+
+def require(path: Path) -> None:
+    if not path.exists():
+        pytest.fail(f"{path} missing: run bash scripts/setup_browser.sh")
+
+
+async def read_json_line(stream: asyncio.StreamReader, timeout: float = 60.0) -> dict:
+    """The next JSON object wscat printed (it prefixes the first one after input with '> ')."""
+    while True:
+        line = (await asyncio.wait_for(stream.readline(), timeout)).decode()
+        assert line, "wscat exited early"
+        line = line.strip().removeprefix("> ").strip()
+        if line.startswith("{"):
+            return json.loads(line)
+
+
+async def test_wscat_completes_a_chat_turn(base_url):
+    require(WSCAT)
+    proc = await asyncio.create_subprocess_exec(
+        str(WSCAT), "--no-color", "-c", base_url.replace("http", "ws") + "/v1/ws",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    try:
+        hello = await read_json_line(proc.stdout)
+        assert hello["type"] == "hello"
+        chat = {"type": "chat", "id": "w1", "content": "What is the capital of France?",
+                "params": {"max_tokens": 16, "temperature": 0}}
+        proc.stdin.write((json.dumps(chat) + "\n").encode())
+        await proc.stdin.drain()
+        text = ""
+        while True:
+            frame = await read_json_line(proc.stdout)
+            if frame["type"] == "delta":
+                text += frame["text"]
+            elif frame["type"] == "done":
+                break
+        assert frame["id"] == "w1" and frame["usage"]["completion_tokens"] > 0
+        assert "Paris" in text
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+async def test_browser_page_two_turn_chat(base_url, tmp_path):
+    require(TOOLS / "playwright-core")
+    require(CHROMIUM)
+    shot = tmp_path / "browser-chat.png"
+    proc = await asyncio.create_subprocess_exec(
+        shutil.which("node") or "node", str(Path(__file__).with_name("browser_chat.js")),
+        base_url + "/?max_tokens=200&temperature=0", str(shot),
+        env={**os.environ, "CHROMIUM": str(CHROMIUM)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 180)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert result["users"] == ["What is the capital of France?",
+                               "And what is its most famous tower?"]
+    assert len(result["replies"]) == 2 and all(r.strip() for r in result["replies"])
+    assert "Paris" in result["replies"][0]
+    assert all(m.startswith("TTFT ") and "tok/s" in m for m in result["metas"])
+    assert "cached" in result["metas"][1]  # turn 2 reused turn 1's prefix
+    assert result["stopped"].endswith("· cancelled")  # the Stop button ended turn 3
+    assert result["consoleErrors"] == []
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("TOKENWIRE_UPDATE_SCREENSHOT"):
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        shutil.copyfile(shot, SCREENSHOT)
