@@ -19,7 +19,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
-    """Network, protocol and admission limits of the gateway.
+    """Network and protocol limits of the gateway (admission limits: SchedulerConfig).
 
     api_keys: empty means no auth. allowed_origins: empty means any Origin is accepted
     (browsers' cross-site WebSockets are then only guarded by API keys).
@@ -35,8 +35,6 @@ class GatewayConfig:
     max_pending_frames: int = 1024  # control frames queued for a socket that is not reading
     max_tokens_cap: int = 4096  # largest max_tokens a request may ask for
     default_max_tokens: int = 256  # when a request names none
-    max_engine_waiting: int = 256  # engine waiting queue depth beyond which work is refused
-    overload_retry_after_ms: int = 1000  # retry hint sent with `overloaded`
     drain_timeout_s: float = 30.0  # in-flight turns get this long to finish on shutdown
     reconnect_after_ms: int = 2000  # sent with `draining`
     api_keys: tuple[str, ...] = ()
@@ -47,8 +45,7 @@ class GatewayConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigError("port", "must be in [0, 65535]")
         for name in ("max_message_bytes", "max_inflight_per_socket", "max_pending_frames",
-                     "max_tokens_cap", "default_max_tokens", "max_engine_waiting",
-                     "overload_retry_after_ms", "reconnect_after_ms"):
+                     "max_tokens_cap", "default_max_tokens", "reconnect_after_ms"):
             _positive(name, getattr(self, name))
         for name in ("heartbeat_s", "send_timeout_s", "drain_timeout_s"):
             if not getattr(self, name) > 0:

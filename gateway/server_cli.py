@@ -1,5 +1,8 @@
 """`tokenwire serve`: build the configs from flags (and TOKENWIRE_API_KEYS), run on uvloop.
 
+Gateway limits have hand-named flags; every EngineConfig and SchedulerConfig field gets a
+flag generated from the dataclass (gateway.flags), so no limit lacks one.
+
 SIGTERM/SIGINT start a graceful drain (see gateway.app.drain); a second signal skips the
 wait. The listener starts before the model loads, so /health and /ready answer at once.
 """
@@ -14,9 +17,17 @@ import signal
 from aiohttp import web
 
 from gateway.config import ConfigError, GatewayConfig
+from gateway.flags import add_config_flags, config_values
+from scheduler.config import SchedulerConfig
 
 log = logging.getLogger("tokenwire.serve")
 D = GatewayConfig()
+
+
+# Fields set by their own flags (model, device, dtype), or owned by the gateway (the
+# per-socket limit `hello` announces and the send timeout its writer enforces).
+_ENGINE_SKIP = frozenset({"model", "device", "dtype"})
+_SCHEDULER_SKIP = frozenset({"max_inflight_per_socket", "mailbox_send_timeout_s"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,31 +37,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--model", default="default", help='"default", a local HF directory or "dummy:NAME"')
     a("--device", default="auto", help="auto | cpu | cuda[:N]")
     a("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
-    e = parser.add_argument_group("engine limits")
-    for flag in ("--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
-                 "--num-kv-blocks", "--block-size"):
-        e.add_argument(flag, type=int, default=None, help="engine default when omitted")
-    e.add_argument("--no-prefix-caching", action="store_true",
-                   help="recompute every prompt (to measure what the prefix cache saves)")
-    e.add_argument("--num-threads", type=int, default=None,
-                   help="CPU intra-op threads (default: torch's)")
     g = parser.add_argument_group("gateway limits")
-    g.add_argument("--max-message-bytes", type=int, default=D.max_message_bytes)
-    g.add_argument("--heartbeat", type=float, default=D.heartbeat_s, help="seconds")
+    g.add_argument("--max-message-bytes", type=int, default=D.max_message_bytes,
+                   help="largest client frame; larger closes the socket with 1009")
+    g.add_argument("--heartbeat", type=float, default=D.heartbeat_s,
+                   help="seconds between WebSocket pings (default %(default)s)")
     g.add_argument("--receive-timeout", type=float, default=D.receive_timeout_s,
                    help="seconds a socket may stay silent (default: no limit)")
-    g.add_argument("--send-timeout", type=float, default=D.send_timeout_s, help="seconds")
+    g.add_argument("--send-timeout", type=float, default=D.send_timeout_s,
+                   help="seconds a frame may take to write before the socket is closed")
     g.add_argument("--max-inflight", type=int, default=D.max_inflight_per_socket,
-                   help="requests in flight per socket")
-    g.add_argument("--max-tokens-cap", type=int, default=D.max_tokens_cap)
-    g.add_argument("--default-max-tokens", type=int, default=D.default_max_tokens)
-    g.add_argument("--max-engine-waiting", type=int, default=D.max_engine_waiting)
-    g.add_argument("--drain-timeout", type=float, default=D.drain_timeout_s, help="seconds")
+                   help="requests in flight per socket (default %(default)s)")
+    g.add_argument("--max-pending-frames", type=int, default=D.max_pending_frames,
+                   help="frames queued for a socket that does not read before it is closed")
+    g.add_argument("--max-tokens-cap", type=int, default=D.max_tokens_cap,
+                   help="largest max_tokens a request may ask for")
+    g.add_argument("--default-max-tokens", type=int, default=D.default_max_tokens,
+                   help="max_tokens of a request that names none")
+    g.add_argument("--drain-timeout", type=float, default=D.drain_timeout_s,
+                   help="seconds in-flight turns get to finish on SIGTERM")
+    g.add_argument("--reconnect-after", type=int, default=D.reconnect_after_ms,
+                   help="milliseconds sent with `draining` (default %(default)s)")
     s = parser.add_argument_group("auth and sessions")
     s.add_argument("--api-key", action="append", default=[], help="repeatable")
     s.add_argument("--api-key-file", help="one key per line; # starts a comment")
     s.add_argument("--allowed-origins", default="", help="comma-separated Origins")
     s.add_argument("--session-db", help="SQLite file for sessions (default: in memory)")
+    add_config_flags(parser.add_argument_group("engine limits"), _engine_config_cls(),
+                     _ENGINE_SKIP)
+    add_config_flags(parser.add_argument_group("admission and backpressure"), SchedulerConfig,
+                     _SCHEDULER_SKIP)
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -59,9 +75,9 @@ def gateway_config(args: argparse.Namespace, environ: dict) -> GatewayConfig:
         host=args.host, port=args.port, max_message_bytes=args.max_message_bytes,
         heartbeat_s=args.heartbeat, receive_timeout_s=args.receive_timeout,
         send_timeout_s=args.send_timeout, max_inflight_per_socket=args.max_inflight,
-        max_tokens_cap=args.max_tokens_cap, default_max_tokens=args.default_max_tokens,
-        max_engine_waiting=args.max_engine_waiting, drain_timeout_s=args.drain_timeout,
-        api_keys=tuple(_api_keys(args, environ)),
+        max_pending_frames=args.max_pending_frames, max_tokens_cap=args.max_tokens_cap,
+        default_max_tokens=args.default_max_tokens, drain_timeout_s=args.drain_timeout,
+        reconnect_after_ms=args.reconnect_after, api_keys=tuple(_api_keys(args, environ)),
         allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()))
 
 
@@ -74,14 +90,20 @@ def _api_keys(args: argparse.Namespace, environ: dict) -> list[str]:
     return [k.strip() for k in keys]
 
 
-def engine_config(args: argparse.Namespace):
-    from engine.config import EngineConfig
+def _engine_config_cls():
+    from engine.config import EngineConfig  # imports torch: only when serving or --help
 
-    limits = {name: getattr(args, name) for name in (
-        "max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks",
-        "block_size", "num_threads") if getattr(args, name) is not None}
-    return EngineConfig(model=args.model, device=args.device, dtype=args.dtype,
-                        enable_prefix_caching=not args.no_prefix_caching, **limits)
+    return EngineConfig
+
+
+def engine_config(args: argparse.Namespace):
+    cls = _engine_config_cls()
+    return cls(model=args.model, device=args.device, dtype=args.dtype,
+               **config_values(args, cls, _ENGINE_SKIP))
+
+
+def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    return SchedulerConfig(**config_values(args, SchedulerConfig, _SCHEDULER_SKIP))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,21 +112,24 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = gateway_config(args, dict(os.environ))
         engine_cfg = engine_config(args)
+        sched_cfg = scheduler_config(args)
     except (ConfigError, ValueError, OSError) as exc:
         log.error("bad configuration: %s", exc)
         return 2
     import uvloop
 
-    return uvloop.run(serve(config, engine_cfg, args.session_db))
+    return uvloop.run(serve(config, engine_cfg, sched_cfg, args.session_db))
 
 
-async def serve(config: GatewayConfig, engine_cfg, session_db: str | None) -> int:
+async def serve(config: GatewayConfig, engine_cfg, sched_cfg: SchedulerConfig,
+                session_db: str | None) -> int:
     from engine.async_engine import AsyncEngine
     from gateway.app import build_app, drain
     from gateway.session_store import SessionStoreConfig, make_session_store
 
     store = make_session_store(SessionStoreConfig(path=session_db))
-    app = build_app(config, engine_factory=lambda: AsyncEngine(engine_cfg), store=store)
+    app = build_app(config, engine_factory=lambda: AsyncEngine(engine_cfg), store=store,
+                    scheduler_config=sched_cfg)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port).start()
