@@ -20,6 +20,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from gateway.app import build_app
 from gateway.config import GatewayConfig
+from scheduler.config import SchedulerConfig
 
 FAST = {"heartbeat_s": 5.0, "send_timeout_s": 5.0, "drain_timeout_s": 5.0}
 
@@ -40,21 +41,25 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def _start_engine(self) -> AsyncEngine:
-        # max_num_seqs=4: a fifth concurrent request waits, which the overload test needs.
+        # One thread: other suites share the CI box's two cores.
         config = EngineConfig(model="default", device="cpu", num_kv_blocks=512,
-                              max_model_len=2048, max_num_batched_tokens=512, max_num_seqs=4)
+                              max_model_len=2048, max_num_batched_tokens=512, max_num_seqs=4,
+                              num_threads=1)
         engine = await asyncio.to_thread(AsyncEngine, config)
         await engine.start()
         return engine
 
-    def start_app(self, **overrides) -> str:
-        """Serve a new app (GatewayConfig fields as keywords) on a free port; its base URL."""
+    def start_app(self, scheduler: SchedulerConfig | None = None,
+                  engine: AsyncEngine | None = None, **overrides) -> str:
+        """Serve a new app (GatewayConfig fields as keywords, admission limits in
+        `scheduler`, the shared engine unless given one) on a free port; its base URL."""
         config = GatewayConfig(port=0, **{**FAST, **overrides})
-        return self.call(self._start_app(config))
+        return self.call(self._start_app(config, scheduler, engine or self.engine))
 
-    async def _start_app(self, config: GatewayConfig) -> str:
-        app = build_app(config, engine=self.engine)
-        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5.0)
+    async def _start_app(self, config: GatewayConfig, scheduler: SchedulerConfig | None,
+                         engine: AsyncEngine) -> str:
+        app = build_app(config, engine=engine, scheduler_config=scheduler)
+        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

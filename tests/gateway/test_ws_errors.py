@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import pytest
 
 from gateway.app import drain
+from scheduler.config import SchedulerConfig
 from ws_helpers import open_ws, recv_type, recv_until
 
 LONG = {"max_tokens": 400, "ignore_eos": True}
@@ -37,6 +37,7 @@ async def test_request_errors_name_the_problem_and_keep_the_socket(base_url):
             ({"type": "generate", "id": "g1"}, "invalid_request", "prompt"),
             ({"type": "generate", "id": "g2", "messages": [{"role": "wizard", "content": "x"}]},
              "invalid_request", "messages[0].role"),
+            ({"type": "generate", "id": "g3", "prompt": [10**7]}, "invalid_request", "prompt"),
             ({"type": "ping", "extra": 1}, "invalid_request", "extra"),
             ({"type": "cancel", "id": "nobody"}, "not_found", "id"),
             ({"type": "session.update", "params": {"temperature": -1}}, "invalid_request",
@@ -88,23 +89,36 @@ async def test_rate_limited_per_socket(server):
     assert server.all_blocks_free()
 
 
-async def test_overloaded_with_retry_after(server, base_url):
-    # The shared engine runs 4 sequences at once; the fifth waits, so waiting >= 1.
-    url = server.start_app(max_engine_waiting=1, overload_retry_after_ms=750)
+async def test_overloaded_ws_and_http_then_recovers(server, base_url):
+    # An app whose KV-usage overload signal trips at 2% of the shared engine's 512 blocks:
+    # one running request with a ~25-block prompt holds it there.
+    url = server.start_app(scheduler=SchedulerConfig(kv_usage_enter=0.02, kv_usage_leave=0.01))
     try:
         async with aiohttp.ClientSession() as s:
             ws, _ = await open_ws(s, base_url)
-            for i in range(5):
-                await ws.send_json({"type": "generate", "id": f"f{i}", "prompt": "x",
-                                    "params": LONG})
-            deadline = time.monotonic() + 30
-            while server.engine.stats().num_waiting < 1 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await ws.send_json({"type": "generate", "id": "hog", "prompt": "word " * 400,
+                                "params": LONG})
+            await recv_type(ws, "delta")
             probe, _ = await open_ws(s, url)
             error = await error_for(probe, {"type": "generate", "id": "p", "prompt": "y"})
-            assert error["code"] == "overloaded" and error["retry_after_ms"] == 750
+            assert error["code"] == "overloaded" and error["id"] == "p"
+            assert isinstance(error["retry_after_ms"], int) and error["retry_after_ms"] > 0
             async with s.get(url + "/ready") as r:
                 assert r.status == 503 and (await r.json())["reason"] == "overloaded"
+            async with s.post(url + "/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": "hi"}]}) as r:
+                assert r.status == 503 and int(r.headers["Retry-After"]) >= 1
+                assert (await r.json())["error"]["code"] == "overloaded"
+            async with s.get(url + "/metrics") as r:
+                assert 'admission_rejections_total{reason="overloaded"} 2.0' in await r.text()
+            await ws.send_json({"type": "cancel", "id": "hog"})
+            await recv_until(ws, "hog")
+            assert server.all_blocks_free()
+            async with s.get(url + "/ready") as r:
+                assert r.status == 200  # below the leave threshold: admitting again
+            await probe.send_json({"type": "generate", "id": "q", "prompt": "y",
+                                   "params": {"max_tokens": 2}})
+            assert (await recv_until(probe, "q"))[1]["type"] == "done"
             await ws.close()
             await probe.close()
     finally:
