@@ -71,7 +71,7 @@ class Ticket:
 
     async def wait(self) -> float:
         """Wait for an engine slot; returns seconds queued. Raises Rejected if the wait
-        outlives the time-to-first-token bound (the slot would come too late)."""
+        outlives its queue budget (the slot would come too late for the TTFT bound)."""
         if self.state == QUEUED:
             await self._future
         if self.state != RUNNING:
@@ -98,7 +98,7 @@ class AdmissionController:
         self.drain = DrainRate(config.drain_window_s)
         self.rejections: Counter[str] = Counter()
         self.queue_time_observers: list[Callable[[float], None]] = []
-        self.num_running = 0
+        self._running: dict[int, Ticket] = {}  # in grant order: the first is the oldest
         self._queue: dict[tuple[int, int], dict[int, Ticket]] = {}  # key -> FIFO bucket
         self._queued_tokens = 0
         self._num_queued = 0
@@ -165,7 +165,7 @@ class AdmissionController:
         if ticket.state == QUEUED:
             self._unqueue(ticket)
         else:
-            self.num_running -= 1
+            del self._running[ticket.id]
             self.drain.record(now, ticket.prompt_tokens)
         ticket.state = DONE
         if ticket._future is not None and not ticket._future.done():
@@ -179,10 +179,12 @@ class AdmissionController:
         """The snapshot the policy decides on (also what /metrics and /ready report)."""
         stats = self.engine_stats() if self.engine_stats is not None else None
         s = self.sampler
+        oldest = next(iter(self._running.values()), None)
         return Signals(
             num_waiting=self._num_queued + (stats.num_waiting if stats else 0),
             waiting_prompt_tokens=self._queued_tokens,
             num_running=self.num_running,
+            oldest_running_s=None if oldest is None else self.clock() - oldest.granted_at,
             kv_usage=stats.kv_usage if stats else None,
             gpu_util=s.gpu_util if s else None,
             gpu_memory_used=s.gpu_memory_used if s else None,
@@ -190,6 +192,10 @@ class AdmissionController:
             rss_bytes=s.rss_bytes if s else None,
             drain_rps=self.drain.requests_per_s,
             drain_tps=self.drain.tokens_per_s)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
 
     @property
     def num_waiting(self) -> int:
@@ -227,7 +233,10 @@ class AdmissionController:
     def _enqueue(self, ticket: Ticket) -> None:
         loop = asyncio.get_running_loop()
         ticket._future = loop.create_future()
-        ticket._timer = loop.call_later(self.config.ttft_bound_s, self._expire, ticket)
+        # Expire at the queue budget, not the whole bound: the rest of ttft_bound_s is for
+        # the prefill and first token once the ticket gets its slot.
+        budget_s = self.config.ttft_bound_s * self.config.queue_budget_fraction
+        ticket._timer = loop.call_later(budget_s, self._expire, ticket)
         self._queue.setdefault(ticket.queue_key, {})[ticket.id] = ticket
         self._num_queued += 1
         self._queued_tokens += ticket.prompt_tokens
@@ -253,12 +262,12 @@ class AdmissionController:
     def _grant(self, ticket: Ticket, now: float) -> None:
         ticket.state = RUNNING
         ticket.granted_at = now
-        self.num_running += 1
+        self._running[ticket.id] = ticket
         for observe in self.queue_time_observers:
             observe(now - ticket.created_at)
 
     def _expire(self, ticket: Ticket) -> None:
-        """A queued ticket outlived the TTFT bound: refuse it now, with a fresh estimate."""
+        """A queued ticket outlived its queue budget: refuse it now, with a fresh estimate."""
         if ticket.state != QUEUED:
             return
         self._unqueue(ticket)
@@ -273,7 +282,7 @@ class AdmissionController:
                        self.config.retry_after_max_ms)
         if not ticket._future.done():
             ticket._future.set_exception(Rejected(
-                OVERLOADED, int(retry_ms), "queued past the time-to-first-token bound"))
+                OVERLOADED, int(retry_ms), "queued past its share of the time-to-first-token bound"))
 
     def _count_in(self, ticket: Ticket, now: float) -> None:
         if ticket.socket_id is not None:

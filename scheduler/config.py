@@ -54,10 +54,11 @@ class SchedulerConfig:
     drain_window_s: float = 10.0  # time constant of the drain-rate EWMA
     # Per-stream mailboxes: a socket that cannot take a frame within this is closed.
     mailbox_send_timeout_s: float = 10.0
-    # Queued requests whose estimated wait would push time-to-first-token past this are
-    # refused up front; a queued request still waiting after it is refused then.
+    # Time-to-first-token promise. A request may spend queue_budget_fraction of it queued
+    # (the rest is for its prefill): one whose estimated wait exceeds that is refused up
+    # front, and a queued one still waiting when its budget runs out is refused then.
     ttft_bound_s: float = 5.0
-    queue_budget_fraction: float = 0.5  # share of ttft_bound_s a request may spend queued
+    queue_budget_fraction: float = 0.5
     retry_after_min_ms: int = 100
     retry_after_max_ms: int = 30000
 

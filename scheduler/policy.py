@@ -29,6 +29,7 @@ class Signals:
     num_waiting: int = 0  # our queue plus the engine's own waiting requests
     waiting_prompt_tokens: int = 0
     num_running: int = 0  # requests holding an engine slot
+    oldest_running_s: float | None = None  # how long the oldest slot holder has held it
     kv_usage: float | None = None
     gpu_util: float | None = None
     gpu_memory_used: int | None = None
@@ -177,10 +178,20 @@ def _wait_bound(c: SchedulerConfig, s: Signals, r: AdmissionRequest) -> Decision
 
 
 def estimate_wait_s(s: Signals, requests: int, prompt_tokens: int) -> float | None:
-    """Seconds to drain `requests` (holding `prompt_tokens`) at the measured rates."""
+    """Seconds until the last of `requests` (holding `prompt_tokens`) gets an engine slot.
+
+    Slots free at the drain rate on average, but requests started together finish
+    together: the first slot frees only when the oldest holder has served its mean
+    service time. So: that remainder, then one slot per 1/drain_rps. Exact for lock-step
+    waves, and on the safe side (never early) for staggered ones.
+    """
     if not s.drain_rps:
         return None
-    wait = requests / s.drain_rps
+    first = 1.0 / s.drain_rps  # the average gap, when the holders' ages are unknown
+    service_s = _mean_service_s(s)
+    if service_s is not None and s.oldest_running_s is not None:
+        first = max(0.0, service_s - s.oldest_running_s)
+    wait = first + max(0, requests - 1) / s.drain_rps
     if s.drain_tps:
         wait = max(wait, prompt_tokens / s.drain_tps)
     return wait

@@ -43,7 +43,7 @@ class Server:
 
     def start_app(self, scheduler: SchedulerConfig, **gateway) -> tuple[str, web.Application]:
         """Serve an app with these limits on a free port: (base URL, app)."""
-        config = GatewayConfig(port=0, heartbeat_s=5.0, **gateway)
+        config = GatewayConfig(port=0, **{"heartbeat_s": 5.0, **gateway})
         return self.call(self._start_app(config, scheduler))
 
     async def _start_app(self, config, scheduler):

@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
+import socket
+import struct
 import time
 from dataclasses import dataclass, field
 
@@ -20,6 +24,7 @@ class Result:
     end: float | None = None
     finish_reason: str | None = None
     error: str | None = None  # the error code, if refused
+    message: str | None = None
     retry_after_ms: int | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -75,6 +80,7 @@ class WsClient:
                 result.end = now
                 result.finish_reason = frame.get("finish_reason")
                 result.error = frame.get("code")
+                result.message = frame.get("message")
                 result.retry_after_ms = frame.get("retry_after_ms")
                 result.done.set()
 
@@ -82,3 +88,70 @@ class WsClient:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+class RawWsClient:
+    """A bare WebSocket client on a socket with tiny buffers, so that when it stops
+    reading, the server's sends back up within a few kilobytes (a slow phone, say)."""
+
+    def __init__(self):
+        self.frames: list[dict] = []
+        self.session_id = None
+
+    async def connect(self, url: str, rcvbuf: int = 2048) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+        self.reader, self.writer = await asyncio.open_connection(sock=sock, limit=1024)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.writer.write((f"GET /v1/ws HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket"
+                           f"\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        assert b" 101 " in head.split(b"\r\n")[0], head
+        hello = await self.recv()
+        self.session_id = hello["session_id"]
+
+    async def send(self, obj: dict, opcode: int = 0x1) -> None:
+        payload = json.dumps(obj).encode() if opcode == 0x1 else obj
+        mask = os.urandom(4)
+        n = len(payload)
+        header = bytes([0x80 | opcode]) + (bytes([0x80 | n]) if n < 126 else
+                                           bytes([0x80 | 126]) + struct.pack(">H", n))
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        self.writer.write(header + mask + masked)
+        await self.writer.drain()
+
+    async def recv(self) -> dict | None:
+        """The next text frame (answering pings on the way); None once closed."""
+        while True:
+            b1, b2 = await self.reader.readexactly(2)
+            n = b2 & 0x7F
+            if n == 126:
+                n = struct.unpack(">H", await self.reader.readexactly(2))[0]
+            elif n == 127:
+                n = struct.unpack(">Q", await self.reader.readexactly(8))[0]
+            payload = await self.reader.readexactly(n)
+            opcode = b1 & 0x0F
+            if opcode == 0x1:
+                frame = json.loads(payload)
+                self.frames.append(frame)
+                return frame
+            if opcode == 0x9:
+                await self.send(payload, opcode=0xA)
+            elif opcode == 0x8:
+                return None
+
+    async def read_until_done(self, ids: set[str]) -> None:
+        ids = set(ids)
+        while ids:
+            frame = await self.recv()
+            assert frame is not None, "server closed the socket"
+            assert frame["type"] != "error" or "id" in frame, frame
+            if frame["type"] in ("done", "error"):
+                ids.discard(frame.get("id"))
+
+    def close(self) -> None:
+        self.writer.close()

@@ -28,13 +28,15 @@ def prompt(i: int) -> str:
 
 
 async def measure_capacity(clients: list[WsClient]) -> float:
-    """Requests per second at full engine slots (this also warms the drain-rate meter)."""
-    start = time.perf_counter()
-    results = [await clients[i % len(clients)].generate(f"warm{i}", prompt(i), MAX_TOKENS)
-               for i in range(8)]
-    await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in results)), 120)
-    assert all(r.finish_reason == "length" for r in results), results
-    return len(results) / (time.perf_counter() - start)
+    """Requests per second with every engine slot busy, in two waves of one request per
+    slot, so nothing queues before the drain rate is known (this also warms the meter)."""
+    start, slots = time.perf_counter(), SCHED.max_running_requests
+    for wave in range(2):
+        results = [await clients[i % len(clients)].generate(f"warm{wave}-{i}", prompt(i),
+                                                            MAX_TOKENS) for i in range(slots)]
+        await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in results)), 120)
+        assert all(r.finish_reason == "length" for r in results), results
+    return 2 * slots / (time.perf_counter() - start)
 
 
 async def offer(clients: list[WsClient], rate: float, duration: float):
@@ -65,21 +67,31 @@ async def test_overload_refuses_fast_and_keeps_admitted_ttft(server):
             await client.__aexit__()
     hung = [r.id for r in results if r.end is None]
     refused = [r for r in results if r.error is not None]
+    # A queued request whose slot comes too late for the TTFT bound is refused when its
+    # queue budget runs out; every other refusal is decided at the door.
+    expired = [r for r in refused if "queued past" in (r.message or "")]
+    at_door = [r for r in refused if r not in expired]
     served = [r for r in results if r.error is None and r.end is not None]
-    refusal_ms = [1000 * (r.end - r.sent) for r in refused]
+    door_ms = [1000 * (r.end - r.sent) for r in at_door]
     ttfts = [r.ttft for r in served]
     print(f"\ncapacity {capacity:.2f} req/s, offered {4 * capacity:.2f} req/s: "
-          f"{len(results)} requests, {len(served)} served, {len(refused)} refused; "
-          f"refusal latency max {max(refusal_ms, default=0):.1f} ms; "
-          f"served TTFT p50 {percentile(ttfts, .5):.2f}s p99 {percentile(ttfts, .99):.2f}s "
-          f"(bound {TTFT_BOUND_S}s); RSS growth {(rss_after - rss_before) / 2**20:.1f} MiB")
+          f"{len(results)} requests, {len(served)} served, {len(at_door)} refused at the "
+          f"door (max {max(door_ms, default=0):.1f} ms), {len(expired)} refused from the "
+          f"queue; served TTFT p50 {percentile(ttfts, .5):.2f}s p99 "
+          f"{percentile(ttfts, .99):.2f}s (bound {TTFT_BOUND_S}s); RSS growth "
+          f"{(rss_after - rss_before) / 2**20:.1f} MiB")
     assert not hung
     assert {r.error for r in refused} == {"overloaded"}
     assert all(r.retry_after_ms and r.retry_after_ms > 0 for r in refused)
     assert all(r.finish_reason == "length" and r.tokens == MAX_TOKENS for r in served)
     assert len(refused) >= len(results) // 3  # it really was overloaded
     assert len(served) >= 4
-    assert max(refusal_ms) <= 50.0
+    assert max(door_ms) <= 50.0
+    # Expiry is the safety net for a drain rate that drops under the estimate (a noisy
+    # box); the estimate itself must make it rare.
+    assert len(expired) <= max(1, len(results) // 20), [r.message for r in expired]
+    budget = TTFT_BOUND_S * SCHED.queue_budget_fraction
+    assert all(r.end - r.sent <= budget + 1.0 for r in expired)
     assert percentile(ttfts, 0.99) <= TTFT_BOUND_S
     assert rss_after - rss_before < 64 * 2**20
 

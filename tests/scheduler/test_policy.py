@@ -139,6 +139,22 @@ def test_estimate_wait():
     assert estimate_wait_s(Signals(drain_rps=2.0, drain_tps=5.0), 3, 10) == 2.0
 
 
+def test_estimate_wait_sees_lock_step_waves():
+    # 4 slots at 4/s: each holds its slot 1 s. A wave that started 0.1 s ago frees its
+    # first slot in 0.9 s, not in the average gap of 0.25 s ...
+    wave = Signals(num_running=4, drain_rps=4.0, oldest_running_s=0.1)
+    assert estimate_wait_s(wave, 1, 0) == pytest.approx(0.9)
+    assert estimate_wait_s(wave, 3, 0) == pytest.approx(1.4)
+    # ... and the refusal comes at once, where the average would have queued it.
+    r = AdmissionRequest("generate", queue_ahead=1)
+    assert decide(CFG, saturated(num_waiting=1), r, None, 0.0).action == QUEUE
+    d = decide(CFG, saturated(num_waiting=1, oldest_running_s=0.1), r, None, 0.0)
+    assert d.action == REJECT and 150 <= d.retry_after_ms <= 151  # 1.15 s vs a 1 s budget
+    # A holder past the mean service time: a slot is due any moment.
+    assert estimate_wait_s(Signals(num_running=4, drain_rps=4.0, oldest_running_s=3.0),
+                           2, 0) == pytest.approx(0.25)
+
+
 @pytest.mark.parametrize("kwargs,field", [
     (dict(max_waiting_requests=0), "max_waiting_requests"),
     (dict(kv_usage_enter=0.8, kv_usage_leave=0.9), "kv_usage_leave"),
