@@ -223,23 +223,27 @@ class Connection:
         return prompt
 
     async def _run_generate(self, stream: Stream, prompt, params) -> None:
-        async def render(_stream: Stream, _max_tokens: int):
-            if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        async def render(_stream: Stream, _max_tokens: int) -> list[int]:
+            if isinstance(prompt, str):
+                return self.rt.engine.encode(prompt)
+            if prompt and isinstance(prompt[0], dict):
                 return self.rt.engine.encode_chat(prompt)
             return prompt
 
         await self._run(stream, render, params)
 
     async def _run(self, stream: Stream, render, params) -> None:
-        """Admit, stream engine outputs into the outbox, then `done` (or one `error`)."""
+        """Render the prompt to token ids, admit (the scheduler weighs its length and the
+        caller's key), stream engine outputs into the outbox, then `done` (or one `error`)."""
         ticket = None
         try:
-            ticket = await self.rt.gate.admit(stream.id, self.inflight, stream.kind,
-                                              params.priority)
-            stream.admitted = time.perf_counter()
             prompt = await render(stream, params.max_tokens)
             if prompt is None:
                 return
+            ticket = await self.rt.gate.admit(stream.id, self.inflight, stream.kind,
+                                              params.priority, len(prompt),
+                                              self.session.record.owner)
+            stream.admitted = time.perf_counter()
             generator = self.rt.engine.generate(prompt, params, stream.engine_id)
             async with contextlib.aclosing(generator) as outputs:
                 async for out in outputs:
@@ -258,7 +262,7 @@ class Connection:
             self._request_failed(stream, exc)
         finally:
             if ticket is not None:
-                ticket.release()
+                ticket.release(stream.completion_tokens)
             self.streams.pop(stream.id, None)
 
     def _request_failed(self, stream: Stream, exc: Exception) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import secrets
 import time
 from typing import Any
@@ -25,6 +26,7 @@ from gateway.state import RUNTIME, Runtime
 from gateway.stream import Stream
 
 _ids = itertools.count()
+_OWNER = web.RequestKey("owner", str)  # the caller's key hash; None without auth
 # OpenAI request fields that map onto SamplingParams (same names).
 _PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                  "presence_penalty", "frequency_penalty", "stop", "seed", "ignore_eos",
@@ -109,7 +111,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 def _runtime(request: web.Request) -> Runtime:
     rt = request.app[RUNTIME]
     check_origin(request, rt.config)
-    authenticate(request, rt.config)
+    request[_OWNER] = authenticate(request, rt.config)
     if not rt.ready:
         code = "draining" if rt.status == "draining" else "overloaded"
         raise error_response(web.HTTPServiceUnavailable, f"not ready: {rt.reason}", code,
@@ -162,14 +164,15 @@ def _params(rt: Runtime, req: _Common):
 async def _complete(request: web.Request, rt: Runtime, req: _Common, prompt,
                     chat: bool) -> web.StreamResponse:
     params = _params(rt, req)
+    if isinstance(prompt, str):
+        prompt = rt.engine.encode(prompt)
     stream = Stream(f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}",
                     f"http-{next(_ids)}", "http")
     try:
-        ticket = await rt.gate.admit(stream.id, None, "http", params.priority)
+        ticket = await rt.gate.admit(stream.id, None, "http", params.priority, len(prompt),
+                                     request[_OWNER])
     except ProtocolError as exc:
-        retry = str(max(1, (exc.retry_after_ms or 1000) // 1000))
-        raise error_response(web.HTTPServiceUnavailable, exc.message, exc.code,
-                             headers={"Retry-After": retry}) from None
+        raise _refusal(exc) from None
     stream.admitted = time.perf_counter()
     rt.http_streams.add(stream)
     try:
@@ -177,11 +180,20 @@ async def _complete(request: web.Request, rt: Runtime, req: _Common, prompt,
             return await _sse(request, rt, req, prompt, params, stream, chat)
         return await _whole(rt, prompt, params, stream, chat)
     finally:
-        ticket.release()
+        ticket.release(stream.completion_tokens)
         rt.http_streams.discard(stream)
 
 
-async def _outputs(rt: Runtime, prompt, params, stream: Stream):
+def _refusal(exc: ProtocolError) -> web.HTTPException:
+    """Admission's answer as HTTP: 400 for a bad param, 429 rate_limited, 503 overloaded."""
+    if exc.code == "invalid_request":
+        return _bad(exc.message, exc.message.split(":", 1)[0].removeprefix("params."))
+    retry_s = str(max(1, math.ceil((exc.retry_after_ms or 1000) / 1000)))
+    cls = web.HTTPTooManyRequests if exc.code == "rate_limited" else web.HTTPServiceUnavailable
+    return error_response(cls, exc.message, exc.code, headers={"Retry-After": retry_s})
+
+
+async def _outputs(rt: Runtime, prompt, params, stream: Stream, chat: bool):
     """Engine outputs of one request; prompt errors become HTTP 400s before any output."""
     try:
         generator = rt.engine.generate(prompt, params, stream.engine_id)
@@ -192,11 +204,11 @@ async def _outputs(rt: Runtime, prompt, params, stream: Stream):
     except EngineError as exc:
         if stream.first_written is not None or exc.code == "internal":
             raise
-        raise _bad(str(exc), "messages", code=exc.code) from None
+        raise _bad(str(exc), "messages" if chat else "prompt", code=exc.code) from None
 
 
 async def _whole(rt: Runtime, prompt, params, stream: Stream, chat: bool) -> web.Response:
-    async with contextlib.aclosing(_outputs(rt, prompt, params, stream)) as outputs:
+    async with contextlib.aclosing(_outputs(rt, prompt, params, stream, chat)) as outputs:
         async for _ in outputs:
             pass
     if stream.finish_reason == "error":
@@ -215,7 +227,7 @@ async def _whole(rt: Runtime, prompt, params, stream: Stream, chat: bool) -> web
 
 async def _sse(request: web.Request, rt: Runtime, req: _Common, prompt, params,
                stream: Stream, chat: bool) -> web.StreamResponse:
-    async with contextlib.aclosing(_outputs(rt, prompt, params, stream)) as outputs:
+    async with contextlib.aclosing(_outputs(rt, prompt, params, stream, chat)) as outputs:
         out = await anext(outputs, None)  # errors in the prompt still answer 400, not SSE
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})

@@ -73,17 +73,35 @@ async def test_duplicate_id_and_busy(base_url):
         await ws.close()
 
 
-async def test_rate_limited_per_socket(server):
-    url = server.start_app(max_inflight_per_socket=1)
+async def test_rate_limited_per_socket_and_per_key(server):
+    url = server.start_app(max_inflight_per_socket=1, api_keys=("key-one", "key-two"),
+                           scheduler=SchedulerConfig(max_inflight_per_key=2))
+    one, two = ({"Authorization": f"Bearer key-{k}"} for k in ("one", "two"))
     try:
         async with aiohttp.ClientSession() as s:
-            ws, hello = await open_ws(s, url)
+            ws, hello = await open_ws(s, url, headers=one)
             assert hello["limits"]["max_inflight"] == 1
             await ws.send_json({"type": "generate", "id": "a", "prompt": "x", "params": LONG})
             await recv_type(ws, "delta")
             error = await error_for(ws, {"type": "generate", "id": "b", "prompt": "y"})
             assert error["code"] == "rate_limited" and error["id"] == "b"
+            assert error["retry_after_ms"] > 0
+            # The key's second request, on another socket, is its last.
+            ws2, _ = await open_ws(s, url, headers=one)
+            await ws2.send_json({"type": "generate", "id": "c", "prompt": "x", "params": LONG})
+            await recv_type(ws2, "delta")
+            async with s.post(url + "/v1/completions", headers=one,
+                              json={"prompt": "x", "max_tokens": 2}) as r:
+                assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
+                assert (await r.json())["error"]["code"] == "rate_limited"
+            async with s.post(url + "/v1/completions", headers=two,
+                              json={"prompt": "x", "max_tokens": 2}) as r:
+                assert r.status == 200  # another key has its own allowance
+            async with s.post(url + "/v1/completions", headers=two,
+                              json={"prompt": "x", "priority": 10**6}) as r:
+                assert r.status == 400 and (await r.json())["error"]["param"] == "priority"
             await ws.close()
+            await ws2.close()
     finally:
         server.stop_app(url)
     assert server.all_blocks_free()
