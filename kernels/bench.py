@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from triton.testing import do_bench
 
-from kernels.paged_decode_attention import DEFAULT_PARTITION_SIZE, paged_decode_attention
+from kernels.paged_decode_attention import (PROGRAMS_PER_SM, paged_decode_attention,
+                                           split_partition_size)
 from kernels.paged_prefill_attention import paged_prefill_attention
 
 
@@ -62,6 +63,12 @@ def copy_gbps(num_bytes: int = 1 << 30) -> float:
     return 2 * num_bytes / ms / 1e6
 
 
+def auto_partition_size(s: Shape) -> int:
+    """The size the engine's TritonAttention picks for this shape on this GPU."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return split_partition_size(s.batch, s.num_kv_heads, s.context, PROGRAMS_PER_SM * sms)
+
+
 def bench_decode(s: Shape, partition_size: int, copy: float) -> None:
     q, k_cache, v_cache, tables, seq_lens = paged_inputs(s, s.batch)
     out = torch.empty_like(q)
@@ -91,16 +98,16 @@ def bench_prefill(s: Shape) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--partition-sizes", type=int, nargs="+",
-                        default=[DEFAULT_PARTITION_SIZE],
-                        help="decode split-KV partition sizes to time (powers of two)")
+    parser.add_argument("--partition-sizes", type=int, nargs="+", default=[],
+                        help="decode split-KV partition sizes to time (powers of two) "
+                             "besides the engine's automatic choice")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("kernels.bench needs a CUDA GPU")
     copy = copy_gbps()
     print(f"{torch.cuda.get_device_name()}: device-to-device copy {copy:.0f} GB/s")
     for shape in DECODE_SHAPES:
-        for partition_size in args.partition_sizes:
+        for partition_size in dict.fromkeys([auto_partition_size(shape)] + args.partition_sizes):
             bench_decode(shape, partition_size, copy)
     for shape in PREFILL_SHAPES:
         bench_prefill(shape)

@@ -28,6 +28,12 @@ DEFAULT_PARTITION_SIZE = 256
 # tiles' addresses cost registers, and these sizes keep the kernel near 110 registers on
 # sm_90 (several programs per SM in flight) where 64-token tiles need 200+ or spill.
 KV_TILE_ELEMS = 2048
+# Smallest partition worth a program of its own and a merge: 256 tokens of K and V are
+# 64 KiB at D=64 in bf16, far more than the merge pass reads back per partition.
+MIN_PARTITION_SIZE = 256
+# Decode programs in flight per SM to aim for when splitting contexts: ~115 registers x
+# 128 threads on sm_90 (see tests/kernels/sm90_build.py), so 4 fit in an SM's 64K.
+PROGRAMS_PER_SM = 4
 
 
 @triton.jit
@@ -119,6 +125,19 @@ def partition_constexprs(num_heads: int, num_kv_heads: int, head_dim: int, block
         BLOCK_SIZE=block_size, BLOCK_N=max(16, min(KV_TILE_ELEMS // head_dim, partition_size)),
         PARTITION_SIZE=partition_size, DIRECT=direct, DOT_PRECISION=dot_precision(dtype),
     )
+
+
+def split_partition_size(batch: int, num_kv_heads: int, max_context: int,
+                         target_programs: int) -> int:
+    """Decode partition size from shapes only (so it is fixed for a captured CUDA graph).
+
+    batch * num_kv_heads programs already fill the GPU at large batch: one partition per
+    sequence, no merge pass. Smaller batches split each context into enough partitions
+    for about target_programs programs (a few per SM), never below MIN_PARTITION_SIZE.
+    """
+    parts = max(1, -(-target_programs // max(1, batch * num_kv_heads)))
+    size = triton.next_power_of_2(max(1, -(-max_context // parts)))
+    return max(MIN_PARTITION_SIZE, size)
 
 
 def _check_args(q, k_cache, v_cache, block_tables, seq_lens, out, partition_size) -> None:

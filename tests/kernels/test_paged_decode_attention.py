@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from kernel_cases import assert_close, gpu, nan_like, paged_kv, randn
-from kernels.paged_decode_attention import paged_decode_attention, paged_decode_attention_ref
+from kernels.paged_decode_attention import (MIN_PARTITION_SIZE, paged_decode_attention,
+                                           paged_decode_attention_ref, split_partition_size)
 
 
 def run_case(gen, device, seq_lens, num_heads, num_kv_heads, head_dim, dtype, block_size,
@@ -59,6 +60,18 @@ def test_strided_q_and_out(gen, device):
     paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.2, out=out, partition_size=16)
     assert_close(out, paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.2))
     assert buf[:, 0].isnan().all()
+
+
+def test_split_partition_size_fills_target_programs_only_when_needed():
+    # A big batch already gives >= 528 programs (4 per SM on a 132-SM H100): no split.
+    assert split_partition_size(256, 8, 768, 528) == 1024
+    # One long sequence: split into ~528 / 8 = 66 partitions of a power-of-two size.
+    size = split_partition_size(1, 8, 32768, 528)
+    assert size == 512 and -(-32768 // size) * 8 >= 528 // 2
+    # Never below the minimum, however few programs; never split on a target of 1.
+    assert split_partition_size(1, 1, 300, 10_000) == MIN_PARTITION_SIZE
+    assert split_partition_size(3, 2, 5000, 1) == 8192
+    assert split_partition_size(4, 2, 0, 528) == MIN_PARTITION_SIZE
 
 
 def test_rejects_bad_arguments(gen, device):
