@@ -8,7 +8,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ws_helpers import open_ws, recv_until
+from ws_helpers import open_ws, recv_type, recv_until
 
 METRICS = {  # DESIGN.md's list: name (without prefix) -> Prometheus type
     "time_to_first_token_seconds": "histogram", "inter_token_latency_seconds": "histogram",
@@ -122,20 +122,28 @@ async def test_metrics_parse_and_move(base_url):
             assert before["tokenwire_" + name].type == kind, name
         ws, _ = await open_ws(s, base_url)
         await ws.send_json({"type": "generate", "id": "m", "prompt": "Hello there",
-                            "params": {"max_tokens": 6, "ignore_eos": True}})
-        await recv_until(ws, "m")
-        during = await scrape()
+                            "params": {"max_tokens": 24, "ignore_eos": True}})
+        await recv_type(ws, "delta")
+        during = await scrape()  # the request holds an engine slot and KV blocks
+        assert sample(during, "requests_running") >= 1
+        assert sample(during, "kv_cache_usage_ratio") > 0
         assert sample(during, "websocket_connections_active") >= 1
+        assert sample(during, "sessions_active") >= 1
+        await recv_until(ws, "m")
         await ws.close()
         after = await scrape()
     assert sample(after, "time_to_first_token_seconds", "_count") == \
         sample(before, "time_to_first_token_seconds", "_count") + 1
     assert sample(after, "inter_token_latency_seconds", "_count") >= \
-        sample(before, "inter_token_latency_seconds", "_count") + 5
+        sample(before, "inter_token_latency_seconds", "_count") + 20  # coalescing margin
+    assert sample(after, "request_queue_time_seconds", "_count") == \
+        sample(before, "request_queue_time_seconds", "_count") + 1
     assert sample(after, "e2e_request_latency_seconds", "_count") > \
         sample(before, "e2e_request_latency_seconds", "_count")
     assert sample(after, "requests", "_total", finish_reason="length") == \
         sample(before, "requests", "_total", finish_reason="length") + 1
     assert sample(after, "generation_tokens", "_total") >= \
-        sample(before, "generation_tokens", "_total") + 6
+        sample(before, "generation_tokens", "_total") + 24
     assert sample(after, "prompt_tokens", "_total") > sample(before, "prompt_tokens", "_total")
+    assert sample(after, "prefix_cache_queries", "_total") > \
+        sample(before, "prefix_cache_queries", "_total")
