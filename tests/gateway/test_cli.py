@@ -1,0 +1,81 @@
+"""`tokenwire serve` flags: every limit of the three configs is a flag, and the README's
+gateway section documents each one."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from engine.config import EngineConfig
+from gateway import server_cli
+from gateway.config import GatewayConfig
+from scheduler.config import SchedulerConfig
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    server_cli.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def flags() -> list[str]:
+    parser = argparse.ArgumentParser()
+    server_cli.add_arguments(parser)
+    return [opt for action in parser._actions for opt in action.option_strings  # noqa: SLF001
+            if opt.startswith("--") and opt != "--help"]
+
+
+def test_no_flags_gives_the_dataclass_defaults():
+    args = parse()
+    assert server_cli.scheduler_config(args) == SchedulerConfig()
+    assert server_cli.engine_config(args) == EngineConfig()
+    assert server_cli.gateway_config(args, {}) == GatewayConfig()
+
+
+def test_every_gateway_field_has_a_flag():
+    args = parse("--host", "0.0.0.0", "--port", "9", "--max-message-bytes", "7",
+                 "--heartbeat", "3", "--receive-timeout", "4", "--send-timeout", "5",
+                 "--max-inflight", "6", "--max-pending-frames", "8", "--max-tokens-cap", "99",
+                 "--default-max-tokens", "9", "--drain-timeout", "10", "--reconnect-after", "11",
+                 "--api-key", "a", "--allowed-origins", "http://x, http://y")
+    config = server_cli.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
+    defaults = GatewayConfig()
+    unchanged = [f.name for f in dataclasses.fields(GatewayConfig)
+                 if f.init and getattr(config, f.name) == getattr(defaults, f.name)]
+    assert unchanged == []
+    assert config.api_keys == ("a", "b", "c")
+    assert config.allowed_origins == ("http://x", "http://y")
+
+
+def test_engine_and_scheduler_flags_typed_and_none_switches_off():
+    args = parse("--num-threads", "1", "--no-prefix-caching", "--max-running-requests", "3",
+                 "--kv-usage-enter", "0.5", "--kv-usage-leave", "0.4",
+                 "--max-inflight-per-key", "none")
+    engine = server_cli.engine_config(args)
+    assert engine.num_threads == 1 and engine.enable_prefix_caching is False
+    sched = server_cli.scheduler_config(args)
+    assert (sched.max_running_requests, sched.kv_usage_enter, sched.max_inflight_per_key) == (
+        3, 0.5, None)
+    with pytest.raises(SystemExit):
+        parse("--max-running-requests", "lots")
+
+
+def test_bad_values_exit_2_naming_the_field(caplog):
+    args = parse("--kv-usage-enter", "0.5", "--kv-usage-leave", "0.9")
+    assert server_cli.run(args) == 2
+    assert "kv_usage_leave" in caplog.text
+
+
+def test_readme_gateway_section_documents_every_flag():
+    text = README.read_text()
+    section = re.search(r"<!-- section: gateway -->(.*)<!-- /section: gateway -->", text,
+                        re.S).group(1)
+    documented = set(re.findall(r"`(--[a-z0-9-]+)", section))
+    missing = [f for f in flags() if f not in documented and f.replace("--no-", "--") not in
+               documented]
+    assert missing == []
