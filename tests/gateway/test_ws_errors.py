@@ -199,6 +199,9 @@ async def test_origin_403(server):
             assert info.value.status == 403
             ws, _ = await open_ws(s, url, origin="http://good.example")
             await ws.close()
+            async with s.post(url + "/v1/completions", json={"prompt": "x"},
+                              headers={"Origin": "http://evil.example"}) as r:
+                assert r.status == 403 and (await r.json())["error"]["code"] == "forbidden"
     finally:
         server.stop_app(url)
 
