@@ -84,10 +84,15 @@ class Connection:
         asyncio.create_task(self._close_stuck())
 
     async def _close_stuck(self) -> None:
+        """Offer a close frame for a second, then drop the connection whatever happened:
+        a graceful close waits forever for a peer that does not read, and ws.close() can
+        also end cancelled (when the reader sees the close first), not only time out."""
         try:
             await asyncio.wait_for(self.ws.close(code=CLOSE_SLOW_CONSUMER,
                                                  message=b"send timeout"), 1.0)
         except (asyncio.TimeoutError, ConnectionError):
+            pass
+        finally:
             transport = self.ws._req.transport if self.ws._req else None  # noqa: SLF001
             if transport is not None:
                 transport.abort()
