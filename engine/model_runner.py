@@ -6,11 +6,14 @@ Inputs for a step are built once on the host and copied to the device in one go
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from engine.attention import AttentionMetadata, TorchAttention
 from engine.config import EngineConfig
+from engine.cuda_graphs import DecodeGraphs
 from engine.loader import LoadedModel
 from engine.models.llama import LlamaModel
 from engine.ops import TorchOps
@@ -39,6 +42,7 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(c.num_layers)]
+        self.graphs = self._decode_graphs(max_model_len)
 
     def _backends(self, c):
         if self.config.use_triton():
@@ -74,66 +78,123 @@ class ModelRunner:
         per_token = 4 * (c.hidden_size * 4 + c.intermediate_size * 3) + 4 * c.vocab_size // 8
         return tokens * per_token + self.config.max_num_seqs * c.vocab_size * 4
 
+    # -- CUDA graphs ----------------------------------------------------------------
+    def _decode_graphs(self, max_model_len: int) -> DecodeGraphs | None:
+        c = self.config
+        if not (c.use_cuda_graph and self.device.type == "cuda" and c.use_triton()):
+            return None
+        max_model_len = min(max_model_len, self.num_blocks * self.block_size)
+        graphs = DecodeGraphs(self.model, self.kv_caches,
+                              min(c.cuda_graph_max_batch, c.max_num_seqs),
+                              max_blocks_per_seq=-(-max_model_len // self.block_size),
+                              max_seq_len=max_model_len, device=self.device)
+        graphs.capture()
+        return graphs
+
     # -- one step ------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[int | None]:
         """Run one step; returns a sampled token for each request that caught up, else None."""
         order = sorted(range(len(batch.requests)), key=lambda i: batch.num_new_tokens[i] != 1)
-        inputs = self._build_inputs(batch, order)
-        hidden = self.model.forward(inputs["input_ids"], inputs["positions"], inputs["meta"],
-                                    self.kv_caches)
-        sampled_rows = inputs["sample_rows"]
+        step = _host_inputs(batch, order, self.block_size)
+        graph_size = self._graph_size(step)
+        if graph_size:
+            hidden = self.graphs.replay(self._pinned(_pad(step, graph_size)), len(order))
+        else:
+            hidden = self._eager_forward(step)
         tokens: list[int | None] = [None] * len(batch.requests)
-        if not sampled_rows:
+        if not step.sample_rows:
             return tokens
-        logits = self.model.compute_logits(hidden[inputs["sample_index"]])
-        logits = logits[:, :self.sample_vocab]
-        requests = [batch.requests[i] for i in sampled_rows]
-        for i, token in zip(sampled_rows, self.sampler.sample(logits, requests)):
+        index = self._to_device(torch.tensor(step.sample_index, dtype=torch.long))
+        logits = self.model.compute_logits(hidden[index])[:, :self.sample_vocab]
+        requests = [batch.requests[i] for i in step.sample_rows]
+        for i, token in zip(step.sample_rows, self.sampler.sample(logits, requests)):
             tokens[i] = token
         return tokens
 
-    def _build_inputs(self, batch: ScheduledBatch, order: list[int]) -> dict:
-        bs = self.block_size
-        ids, positions, slots, seq_lens, q_lens = [], [], [], [], []
-        sample_rows, sample_index = [], []
-        for i in order:
-            request, n = batch.requests[i], batch.num_new_tokens[i]
-            start = request.num_computed_tokens
-            ids.extend(request.all_token_ids[start:start + n])
-            positions.extend(range(start, start + n))
-            blocks = request.block_ids
-            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, start + n))
-            seq_lens.append(start + n)
-            q_lens.append(n)
-            if start + n == request.num_tokens:
-                sample_rows.append(i)
-                sample_index.append(len(ids) - 1)
-        max_blocks = max(len(batch.requests[i].block_ids) for i in order)
-        tables = [batch.requests[i].block_ids + [0] * (max_blocks - len(batch.requests[i].block_ids))
-                  for i in order]
-        host = {
-            "input_ids": torch.tensor(ids, dtype=torch.long),
-            "positions": torch.tensor(positions, dtype=torch.long),
-            "slot_mapping": torch.tensor(slots, dtype=torch.long),
-            "block_tables": torch.tensor(tables, dtype=torch.int32),
-            "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
-            "query_start_loc": torch.tensor([0] + _cumsum(q_lens), dtype=torch.int32),
-            "sample_index": torch.tensor(sample_index, dtype=torch.long),
-        }
+    def _graph_size(self, step: "HostInputs") -> int | None:
+        if self.graphs is None or any(n != 1 for n in step.query_lens):
+            return None
+        return self.graphs.padded_size(len(step.query_lens))
+
+    def _eager_forward(self, step: "HostInputs") -> torch.Tensor:
+        host = _tensors(step)
         dev = {k: self._to_device(v) for k, v in host.items()}
         meta = AttentionMetadata(
             slot_mapping=dev["slot_mapping"], block_tables=dev["block_tables"],
             seq_lens=dev["seq_lens"], query_start_loc=dev["query_start_loc"],
-            num_decodes=q_lens.count(1),
-            max_seq_len=max(seq_lens), query_lens_host=q_lens, seq_lens_host=seq_lens)
-        return {"input_ids": dev["input_ids"], "positions": dev["positions"], "meta": meta,
-                "sample_index": dev["sample_index"], "sample_rows": sample_rows}
+            num_decodes=step.query_lens.count(1), max_seq_len=max(step.seq_lens),
+            query_lens_host=step.query_lens, seq_lens_host=step.seq_lens)
+        return self.model.forward(dev["input_ids"], dev["positions"], meta, self.kv_caches)
+
+    def _pinned(self, host: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.pin_memory() for k, v in host.items()}
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":
             return t
         return t.pin_memory().to(self.device, non_blocking=True)
+
+
+@dataclass
+class HostInputs:
+    """One step's inputs as host lists, tokens ordered decodes first."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slot_mapping: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    query_lens: list[int] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)  # batch rows that sample a token
+    sample_index: list[int] = field(default_factory=list)  # their last token's position
+
+
+def _host_inputs(batch: ScheduledBatch, order: list[int], block_size: int) -> HostInputs:
+    step = HostInputs()
+    for i in order:
+        request, n = batch.requests[i], batch.num_new_tokens[i]
+        start = request.num_computed_tokens
+        blocks = request.block_ids
+        step.input_ids.extend(request.all_token_ids[start:start + n])
+        step.positions.extend(range(start, start + n))
+        step.slot_mapping.extend(blocks[p // block_size] * block_size + p % block_size
+                                 for p in range(start, start + n))
+        step.block_tables.append(blocks)
+        step.seq_lens.append(start + n)
+        step.query_lens.append(n)
+        if start + n == request.num_tokens:
+            step.sample_rows.append(i)
+            step.sample_index.append(len(step.input_ids) - 1)
+    return step
+
+
+def _tensors(step: HostInputs) -> dict[str, torch.Tensor]:
+    width = max(len(t) for t in step.block_tables)
+    tables = [t + [0] * (width - len(t)) for t in step.block_tables]
+    return {
+        "input_ids": torch.tensor(step.input_ids, dtype=torch.long),
+        "positions": torch.tensor(step.positions, dtype=torch.long),
+        "slot_mapping": torch.tensor(step.slot_mapping, dtype=torch.long),
+        "block_tables": torch.tensor(tables, dtype=torch.int32),
+        "seq_lens": torch.tensor(step.seq_lens, dtype=torch.int32),
+        "query_start_loc": torch.tensor([0] + _cumsum(step.query_lens), dtype=torch.int32),
+    }
+
+
+def _pad(step: HostInputs, size: int) -> dict[str, torch.Tensor]:
+    """A decode step's tensors padded to a captured graph size: padding rows store nothing
+    (slot -1) and attend to nothing (length 0)."""
+    host = _tensors(step)
+    pad = size - len(step.query_lens)
+    del host["query_start_loc"]  # fixed arange in the graph's buffers
+    if pad:
+        host["input_ids"] = F.pad(host["input_ids"], (0, pad))
+        host["positions"] = F.pad(host["positions"], (0, pad))
+        host["slot_mapping"] = F.pad(host["slot_mapping"], (0, pad), value=-1)
+        host["seq_lens"] = F.pad(host["seq_lens"], (0, pad), value=0)
+        host["block_tables"] = F.pad(host["block_tables"], (0, 0, 0, pad))
+    return host
 
 
 def _cumsum(values: list[int]) -> list[int]:

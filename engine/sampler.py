@@ -1,8 +1,8 @@
 """Sampling: penalties, temperature, top-k, top-p, min-p and per-request seeded draws.
 
-Rows are independent; the all-greedy batch without penalties takes one argmax and a single
-host copy per step. Other rows are processed one by one, each with its own generator,
-so a request's draws depend only on its own seed and history.
+Rows are independent: one argmax over the batch serves the greedy rows; the others are
+processed one by one, each with its own generator, so a request's draws depend only on its
+own seed and history. Results stay on the device until one host copy per step.
 """
 from __future__ import annotations
 
@@ -20,10 +20,7 @@ class Sampler:
         self._unseeded = 0
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
-        greedy_ids = logits.argmax(dim=-1)
-        if all(r.params.greedy and not r.params.has_penalties for r in requests):
-            return greedy_ids.tolist()
-        tokens = greedy_ids.tolist()
+        tokens = logits.argmax(dim=-1)
         for row, request in enumerate(requests):
             params = request.params
             if params.greedy and not params.has_penalties:
@@ -31,19 +28,17 @@ class Sampler:
             row_logits = logits[row].clone()
             if params.has_penalties:
                 apply_penalties(row_logits, request)
-            if params.greedy:
-                tokens[row] = int(row_logits.argmax())
-            else:
-                tokens[row] = self._draw(row_logits, request)
-        return tokens
+            # device-side writes only: the step's single host sync is the tolist() below
+            tokens[row] = row_logits.argmax() if params.greedy else self._draw(row_logits, request)
+        return tokens.tolist()
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
-    def _draw(self, logits: torch.Tensor, request: Request) -> int:
+    def _draw(self, logits: torch.Tensor, request: Request) -> torch.Tensor:
         probs = filtered_probs(logits, request.params)
         gen = self._generator(request, logits.device)
-        return int(torch.multinomial(probs, 1, generator=gen))
+        return torch.multinomial(probs, 1, generator=gen)[0]
 
     def _generator(self, request: Request, device: torch.device) -> torch.Generator:
         gen = self._generators.get(request.request_id)
@@ -82,7 +77,7 @@ def filtered_probs(logits: torch.Tensor, params) -> torch.Tensor:
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly above each token
-        sorted_probs[before >= params.top_p] = 0.0
+        sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     if params.min_p > 0.0:
         probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
