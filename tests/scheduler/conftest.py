@@ -36,7 +36,8 @@ class Server:
 
     async def _start_engine(self) -> AsyncEngine:
         config = EngineConfig(model="default", device="cpu", num_kv_blocks=256,
-                              max_model_len=1024, max_num_batched_tokens=512, max_num_seqs=16)
+                              max_model_len=1024, max_num_batched_tokens=512, max_num_seqs=16,
+                              num_threads=1)
         engine = await asyncio.to_thread(AsyncEngine, config)
         await engine.start()
         return engine
