@@ -60,6 +60,12 @@ def build_app(config: GatewayConfig, *, engine: AsyncEngine | None = None,
     return app
 
 
+def make_runner(app: web.Application, **kwargs) -> web.AppRunner:
+    """The runner `tokenwire serve` (and the tests) use. handler_cancellation: a client
+    that hangs up mid-completion cancels its handler, which aborts the engine request."""
+    return web.AppRunner(app, handle_signals=False, handler_cancellation=True, **kwargs)
+
+
 def _runtime(config: GatewayConfig, store: SessionStore, gpu_sampler,
              scheduler_config: SchedulerConfig | None) -> Runtime:
     rt: Runtime | None = None

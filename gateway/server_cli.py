@@ -124,13 +124,13 @@ def run(args: argparse.Namespace) -> int:
 async def serve(config: GatewayConfig, engine_cfg, sched_cfg: SchedulerConfig,
                 session_db: str | None) -> int:
     from engine.async_engine import AsyncEngine
-    from gateway.app import build_app, drain
+    from gateway.app import build_app, drain, make_runner
     from gateway.session_store import SessionStoreConfig, make_session_store
 
     store = make_session_store(SessionStoreConfig(path=session_db))
     app = build_app(config, engine_factory=lambda: AsyncEngine(engine_cfg), store=store,
                     scheduler_config=sched_cfg)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    runner = make_runner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port).start()
     log.info("listening on http://%s:%d (model %s loading)", config.host, config.port,

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from gateway.app import build_app
+from gateway.app import build_app, make_runner
 from gateway.config import GatewayConfig
 from scheduler.config import SchedulerConfig
 
@@ -59,7 +59,7 @@ class ServerThread:
     async def _start_app(self, config: GatewayConfig, scheduler: SchedulerConfig | None,
                          engine: AsyncEngine) -> str:
         app = build_app(config, engine=engine, scheduler_config=scheduler)
-        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
+        runner = make_runner(app, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

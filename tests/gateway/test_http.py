@@ -1,6 +1,7 @@
 """HTTP side: the official openai client (stream and not), raw SSE, health, ready, metrics."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -147,3 +148,18 @@ async def test_metrics_parse_and_move(base_url):
     assert sample(after, "prompt_tokens", "_total") > sample(before, "prompt_tokens", "_total")
     assert sample(after, "prefix_cache_queries", "_total") > \
         sample(before, "prefix_cache_queries", "_total")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_client_gone_mid_completion_aborts_it(server, base_url, stream):
+    body = {"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True,
+            "stream": stream}
+    async with aiohttp.ClientSession() as s:
+        request = asyncio.ensure_future(s.post(base_url + "/v1/completions", json=body))
+        deadline = asyncio.get_running_loop().time() + 30
+        while not server.engine.stats().num_running:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+        request.cancel()  # drops the connection
+    # 1000 tokens take minutes on CPU: free within seconds means aborted.
+    assert server.all_blocks_free(timeout=10)
