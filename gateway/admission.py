@@ -17,6 +17,7 @@ from gateway.metrics import Metrics
 from gateway.protocol import ProtocolError
 from scheduler.admission import AdmissionController, InvalidAdmission, Rejected
 from scheduler.config import SchedulerConfig
+from scheduler.metrics import register_metrics
 from scheduler.signals import ResourceSampler
 
 _KINDS = {"chat": "chat", "generate": "generate", "http": "generate"}  # HTTP is bulk
@@ -54,6 +55,7 @@ class Gate:
         self._metrics = metrics
         self.sampler = ResourceSampler(scheduler_config.nvml_interval_s)
         self.controller = AdmissionController(scheduler_config, engine_stats, self.sampler)
+        register_metrics(metrics.registry, self.controller)
 
     async def start(self) -> None:
         await self.controller.start()

@@ -52,8 +52,6 @@ class SchedulerConfig:
     # Signals.
     nvml_interval_s: float = 1.0
     drain_window_s: float = 10.0  # time constant of the drain-rate EWMA
-    # Per-stream mailboxes: a socket that cannot take a frame within this is closed.
-    mailbox_send_timeout_s: float = 10.0
     # Time-to-first-token promise. A request may spend queue_budget_fraction of it queued
     # (the rest is for its prefill): one whose estimated wait exceeds that is refused up
     # front, and a queued one still waiting when its budget runs out is refused then.
@@ -78,8 +76,7 @@ class SchedulerConfig:
         _pair("gpu_memory", self.gpu_memory_enter, self.gpu_memory_leave)
         if self.priority_min > self.priority_max:
             raise SchedulerConfigError("priority_min", "must not exceed priority_max")
-        for name in ("nvml_interval_s", "drain_window_s", "mailbox_send_timeout_s",
-                     "ttft_bound_s"):
+        for name in ("nvml_interval_s", "drain_window_s", "ttft_bound_s"):
             if not getattr(self, name) > 0:
                 raise SchedulerConfigError(name, "must be positive")
         if not 0 < self.retry_after_min_ms <= self.retry_after_max_ms:

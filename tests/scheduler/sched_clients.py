@@ -39,14 +39,16 @@ class Result:
 class WsClient:
     """One socket; `generate` sends a request, a reader task sorts frames by id."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str):
+    def __init__(self, session: aiohttp.ClientSession, url: str, api_key: str | None = None):
         self._session, self._url = session, url
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self.results: dict[str, Result] = {}
         self.ws = None
         self._reader = None
 
     async def __aenter__(self):
-        self.ws = await self._session.ws_connect(self._url + "/v1/ws", compress=0)
+        self.ws = await self._session.ws_connect(self._url + "/v1/ws", compress=0,
+                                                 headers=self._headers)
         hello = json.loads((await self.ws.receive()).data)
         assert hello["type"] == "hello"
         self.session_id = hello["session_id"]
@@ -57,13 +59,22 @@ class WsClient:
         await self.ws.close()
         self._reader.cancel()
 
-    async def generate(self, request_id: str, prompt: str, max_tokens: int) -> Result:
+    async def generate(self, request_id: str, prompt: str, max_tokens: int,
+                       **params) -> Result:
         """Send one generate; the Result fills in as frames arrive (`done` is set at the end)."""
-        params = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
-        frame = json.dumps({"type": "generate", "id": request_id, "prompt": prompt,
-                            "params": params})
-        result = self.results[request_id] = Result(request_id, time.perf_counter())
-        await self.ws.send_str(frame)
+        return await self._send({"type": "generate", "id": request_id, "prompt": prompt},
+                                max_tokens, params)
+
+    async def chat(self, request_id: str, content: str, max_tokens: int, **params) -> Result:
+        """Send one chat turn (in this socket's session)."""
+        return await self._send({"type": "chat", "id": request_id, "content": content},
+                                max_tokens, params)
+
+    async def _send(self, frame: dict, max_tokens: int, params: dict) -> Result:
+        frame["params"] = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                           **params}
+        result = self.results[frame["id"]] = Result(frame["id"], time.perf_counter())
+        await self.ws.send_str(json.dumps(frame))
         return result
 
     async def _read(self):

@@ -173,22 +173,20 @@ async def test_bad_arguments_name_the_field(args, field):
     assert info.value.field == field and info.value.code == "invalid_request"
 
 
-async def test_register_metrics_skips_names_the_registry_has():
-    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+async def test_metrics_read_the_controller_at_scrape_time():
+    from prometheus_client import CollectorRegistry, generate_latest
 
     from scheduler.metrics import register_metrics
 
     ctl, _, _ = make()
     registry = CollectorRegistry()
-    Gauge("tokenwire_requests_running", "owned by the gateway", registry=registry)
-    added = register_metrics(registry, ctl)
-    assert "tokenwire_requests_running" not in added
-    assert {"tokenwire_admission_rejections", "tokenwire_requests_waiting"} <= added
-    ctl.try_admit("chat")
-    ctl.try_admit("chat")
-    with pytest.raises(Rejected):
-        ctl.try_admit("chat", prompt_tokens=10**9)  # engine full, queue cannot hold it
+    register_metrics(registry, ctl)
+    for _ in range(2):
+        ctl.try_admit("chat")
+    ctl.try_admit("chat", prompt_tokens=30)
     text = generate_latest(registry).decode()
-    assert text.count("# TYPE tokenwire_requests_running ") == 1
-    assert 'tokenwire_admission_rejections_total{reason="overloaded"} 1.0' in text
-    assert "tokenwire_gpu_utilization_ratio NaN" in text
+    assert "tokenwire_admission_queue_requests 1.0" in text
+    assert "tokenwire_admission_queue_prompt_tokens 30.0" in text
+    assert "tokenwire_admission_slots_used 2.0" in text
+    assert "tokenwire_admission_drain_rate_requests_per_second NaN" in text
+    assert "tokenwire_admission_overloaded 0.0" in text
