@@ -48,9 +48,14 @@ async def test_request_errors_name_the_problem_and_keep_the_socket(base_url):
             assert error["code"] == code, (frame, error)
             if field is not None:
                 assert error["message"].startswith(field), (frame, error)
-        # A prompt beyond the 2048-token context.
+        # A prompt beyond the 2048-token context, as generate and as a chat turn; the
+        # refused turn does not join the history.
         error = await error_for(ws, {"type": "generate", "id": "big", "prompt": "hello " * 3000})
         assert error["code"] == "too_large" and error["id"] == "big"
+        error = await error_for(ws, {"type": "chat", "id": "bigchat", "content": "hi " * 3000})
+        assert error["code"] == "too_large" and error["id"] == "bigchat"
+        await ws.send_json({"type": "session.history"})
+        assert (await recv_type(ws, "session.history"))["messages"] == []
         # The socket still serves.
         await ws.send_json({"type": "ping", "t": 1})
         assert (await recv_type(ws, "pong"))["t"] == 1
