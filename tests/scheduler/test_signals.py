@@ -89,18 +89,6 @@ async def test_sampler_runs_off_loop_and_stops():
     assert nvml.calls.count("nvmlDeviceGetUtilizationRates") == reads
 
 
-@pytest.mark.gpu
-def test_real_nvml_on_gpu():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    sampler = ResourceSampler()
-    sampler.sample()
-    assert sampler.nvml_available
-    assert 0.0 <= sampler.gpu_util <= 1.0
-    assert 0 < sampler.gpu_memory_used <= sampler.gpu_memory_total
-
-
 def test_drain_rate_measures_busy_time_only():
     rate = DrainRate(window_s=10.0, min_busy_s=0.5)
     assert rate.requests_per_s is None
