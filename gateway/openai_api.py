@@ -76,11 +76,10 @@ class CompletionRequest(_Common, kw_only=True):
 
 
 async def models(request: web.Request) -> web.Response:
-    rt = _runtime(request)
-    name = rt.engine.model_name if rt.engine is not None else "loading"
+    rt = _runtime(request)  # 503 until the model is loaded
     return web.json_response({"object": "list", "data": [
-        {"id": name, "object": "model", "created": 0, "owned_by": "tokenwire",
-         "max_model_len": rt.engine.max_model_len if rt.engine is not None else None}]})
+        {"id": rt.engine.model_name, "object": "model", "created": 0, "owned_by": "tokenwire",
+         "max_model_len": rt.engine.max_model_len}]})
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
