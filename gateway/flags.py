@@ -18,14 +18,14 @@ def add_config_flags(group, cls: type, skip: frozenset[str] = frozenset()) -> No
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
-        if f.type == "bool":
+        type_name = _type_name(f.type)
+        if type_name == "bool":
             group.add_argument(_bool_flag(f.name), dest=f.name, default=None,
                                action=argparse.BooleanOptionalAction,
                                help=f"default: {'on' if f.default else 'off'}")
             continue
-        parse = _parser(f.type)
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=parse,
-                           default=None, metavar=_metavar(f.type),
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
+                           type=_parser(type_name), default=None, metavar=_metavar(type_name),
                            help=f"default: {f.default}")
 
 
@@ -35,6 +35,13 @@ def config_values(args: argparse.Namespace, cls: type,
     names = {f.name for f in dataclasses.fields(cls) if f.init} - skip
     given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     return {name: None if value is _OFF else value for name, value in given.items()}
+
+
+def _type_name(annotation) -> str:
+    """The annotation as text, e.g. "int | None", whether or not annotations are postponed."""
+    if isinstance(annotation, str):
+        return annotation
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
 
 
 def _bool_flag(name: str) -> str:
