@@ -1,6 +1,7 @@
 """ResourceSampler against a fake pynvml module (injected), and the DrainRate meter."""
 import asyncio
 import logging
+import sys
 import types
 
 import pytest
@@ -75,6 +76,18 @@ def test_absent_pynvml_library_degrades(caplog):
     if sampler.nvml_available:
         pytest.skip("this machine has a working NVML")
     assert len(caplog.records) == 1 and sampler.gpu_util is None
+
+
+def test_missing_pynvml_module_degrades(monkeypatch, caplog):
+    """No nvidia-ml-py installed at all: the import fails, logged once, RSS still sampled."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise
+    sampler = ResourceSampler()
+    with caplog.at_level(logging.WARNING, logger="scheduler.signals"):
+        sampler.sample()
+        sampler.sample()
+    assert len(caplog.records) == 1
+    assert caplog.records[0].message.startswith("NVML unavailable (ModuleNotFoundError")
+    assert sampler.gpu_util is None and sampler.rss_bytes > 0
 
 
 async def test_sampler_runs_off_loop_and_stops():
