@@ -56,11 +56,15 @@ class Connection:
         try:
             await self._read_loop()
         finally:
-            await self._abort_all()
-            self.outbox.close()
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
+            # The handler may be cancelled (again) while it waits for the aborts when the
+            # peer vanishes (handler_cancellation): the writer must be cancelled anyway.
+            try:
+                await self._abort_all()
+            finally:
+                self.outbox.close()
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer
 
     async def _read_loop(self) -> None:
         try:
