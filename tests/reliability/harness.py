@@ -17,6 +17,8 @@ from pathlib import Path
 
 import aiohttp
 
+from .probe import PROBE_FILE_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 180.0
 FRAME_TIMEOUT_S = 60.0
@@ -33,15 +35,17 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`python -m gateway.cli serve` on 127.0.0.1; stderr goes to `log_path`."""
+    """`tokenwire serve` (through probe.py) on 127.0.0.1; stderr goes to `log_path`."""
 
     def __init__(self, log_path: Path, *args: str, port: int | None = None,
                  env: dict | None = None):
         self.port = port or free_port()
+        # One engine thread: other suites share the CI box's two cores.
         self.args = ["--host", "127.0.0.1", "--port", str(self.port), "--device", "cpu",
-                     *args]
+                     "--num-threads", "1", *args]
         self.log_path = log_path
-        self.env = {**os.environ, **(env or {})}
+        self.probe_path = log_path.with_suffix(".probe.json")
+        self.env = {**os.environ, PROBE_FILE_ENV: str(self.probe_path), **(env or {})}
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -55,7 +59,7 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         log = open(self.log_path, "ab")  # appended across restarts
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", *self.args], cwd=REPO,
+            [sys.executable, "-m", "tests.reliability.probe", "serve", *self.args], cwd=REPO,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         log.close()
         self.wait_ready()
@@ -93,6 +97,17 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.kill9()
 
+    def probe(self, timeout: float = 10.0) -> dict:
+        """What the server holds now: tasks, fds, TCP connections (see probe.py)."""
+        self.probe_path.unlink(missing_ok=True)
+        self.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while not self.probe_path.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no probe answer in {timeout}s")
+            time.sleep(0.05)
+        return json.loads(self.probe_path.read_text())
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -115,8 +130,9 @@ async def connect(http: aiohttp.ClientSession, server: ServerProcess,
 
 
 async def recv(ws, timeout: float = FRAME_TIMEOUT_S) -> dict:
-    """The next JSON frame; fails on a close or a non-text frame."""
-    msg = await ws.receive(timeout=timeout)
+    """The next JSON frame; fails on a close or a non-text frame. (Not receive(timeout=):
+    aiohttp restarts that timeout at every heartbeat ping, so it never fires.)"""
+    msg = await asyncio.wait_for(ws.receive(), timeout)
     if msg.type != aiohttp.WSMsgType.TEXT:
         raise AssertionError(f"expected a text frame, got {msg.type} {msg.data!r} {msg.extra!r}")
     return json.loads(msg.data)
