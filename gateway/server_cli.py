@@ -25,9 +25,9 @@ D = GatewayConfig()
 
 
 # Fields set by their own flags (model, device, dtype), or owned by the gateway (the
-# per-socket limit `hello` announces and the send timeout its writer enforces).
+# per-socket limit `hello` announces: --max-inflight).
 _ENGINE_SKIP = frozenset({"model", "device", "dtype"})
-_SCHEDULER_SKIP = frozenset({"max_inflight_per_socket", "mailbox_send_timeout_s"})
+_SCHEDULER_SKIP = frozenset({"max_inflight_per_socket"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
