@@ -51,6 +51,18 @@ async def test_slots_then_queue_then_grant_in_priority_order():
     assert ctl.num_running == 2 and ctl.num_waiting == 0
 
 
+async def test_signals_report_the_oldest_slot_holder():
+    ctl, clock, _ = make()
+    assert ctl.signals().oldest_running_s is None
+    first = ctl.try_admit("chat")
+    clock.now = 0.5
+    ctl.try_admit("chat")
+    clock.now = 2.0
+    assert ctl.signals().oldest_running_s == 2.0
+    ctl.release(first)
+    assert ctl.signals().oldest_running_s == 1.5
+
+
 async def test_release_while_queued_frees_the_place():
     ctl, _, _ = make()
     for _ in range(2):
