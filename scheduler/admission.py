@@ -282,7 +282,8 @@ class AdmissionController:
                        self.config.retry_after_max_ms)
         if not ticket._future.done():
             ticket._future.set_exception(Rejected(
-                OVERLOADED, int(retry_ms), "queued past its share of the time-to-first-token bound"))
+                OVERLOADED, int(retry_ms),
+                "queued past its share of the time-to-first-token bound"))
 
     def _count_in(self, ticket: Ticket, now: float) -> None:
         if ticket.socket_id is not None:

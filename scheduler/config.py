@@ -107,7 +107,8 @@ def _positive_int(name: str, value) -> None:
 def _ratio(name: str, value: float, upper_open: bool = False) -> None:
     ok = 0.0 <= value < 1.0 if upper_open else 0.0 < value <= 1.0
     if not ok:
-        raise SchedulerConfigError(name, "must be a ratio in " + ("[0, 1)" if upper_open else "(0, 1]"))
+        interval = "[0, 1)" if upper_open else "(0, 1]"
+        raise SchedulerConfigError(name, f"must be a ratio in {interval}")
 
 
 def _pair(name: str, enter: float | None, leave: float | None) -> None:
