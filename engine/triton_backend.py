@@ -4,10 +4,14 @@ Same call signatures, return conventions and in-place effects as the torch versi
 kernels live in kernels/. Under TRITON_INTERPRET=1 they also run on CPU tensors (tests).
 
 CUDA-graph capture of a decode-only step: every launch here takes its grid, partition
-size and workspace from tensor shapes and meta.num_decodes only, never from tensor values,
+count and workspace from tensor shapes and meta.num_decodes only, never from tensor values,
 and nothing synchronises with the host. Captured, a step is fixed by (batch, H, D,
-block_tables.shape[1]); slot_mapping, block_tables, seq_lens and q/k/v may change between
-replays in place. Padding rows: slot_mapping -1 (not stored), seq_lens 0 (zero output).
+block_tables.shape[1], num_decodes == batch); slot_mapping, block_tables, seq_lens and
+q/k/v may change between replays in place (query_start_loc, max_seq_len and the host
+lists are not read on that path). Padding rows: slot_mapping -1 (not stored), seq_lens 0
+(zero output; their block-table row is not read). Each sequence splits its own context
+over the launched partitions at run time, so a table as wide as max_model_len costs
+nothing at short contexts.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import triton
 
 from engine.attention import AttentionMetadata
 from kernels.paged_decode_attention import (PROGRAMS_PER_SM, paged_decode_attention,
-                                           split_partition_size)
+                                           split_num_partitions)
 from kernels.paged_prefill_attention import paged_prefill_attention
 from kernels.rms_norm import rms_norm
 from kernels.rotary import apply_rotary
@@ -60,9 +64,9 @@ class TritonAttention:
     def _decode(self, q, k_cache, v_cache, block_tables, seq_lens, out) -> None:
         target = self.target_programs or _default_target_programs(q.device)
         max_context = block_tables.shape[1] * k_cache.shape[1]
-        partition_size = split_partition_size(q.shape[0], self.num_kv_heads, max_context, target)
+        num_partitions = split_num_partitions(q.shape[0], self.num_kv_heads, max_context, target)
         paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, self.scale,
-                               out=out, partition_size=partition_size)
+                               out=out, num_partitions=num_partitions)
 
 
 class TritonOps:

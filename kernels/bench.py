@@ -13,7 +13,7 @@ import torch
 from triton.testing import do_bench
 
 from kernels.paged_decode_attention import (PROGRAMS_PER_SM, paged_decode_attention,
-                                           split_partition_size)
+                                           split_num_partitions)
 from kernels.paged_prefill_attention import paged_prefill_attention
 
 
@@ -63,23 +63,23 @@ def copy_gbps(num_bytes: int = 1 << 30) -> float:
     return 2 * num_bytes / ms / 1e6
 
 
-def auto_partition_size(s: Shape) -> int:
-    """The size the engine's TritonAttention picks for this shape on this GPU."""
+def auto_num_partitions(s: Shape) -> int:
+    """The count the engine's TritonAttention picks for this shape on this GPU."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return split_partition_size(s.batch, s.num_kv_heads, s.context, PROGRAMS_PER_SM * sms)
+    return split_num_partitions(s.batch, s.num_kv_heads, s.context, PROGRAMS_PER_SM * sms)
 
 
-def bench_decode(s: Shape, partition_size: int, copy: float) -> None:
+def bench_decode(s: Shape, num_partitions: int, copy: float) -> None:
     q, k_cache, v_cache, tables, seq_lens = paged_inputs(s, s.batch)
     out = torch.empty_like(q)
     ms = do_bench(lambda: paged_decode_attention(q, k_cache, v_cache, tables, seq_lens,
                                                  s.head_dim ** -0.5, out=out,
-                                                 partition_size=partition_size),
+                                                 num_partitions=num_partitions),
                   return_mode="median")
     kv_bytes = 2 * s.batch * s.context * s.num_kv_heads * s.head_dim * k_cache.element_size()
     gbps = (kv_bytes + 2 * q.numel() * q.element_size()) / ms / 1e6
     print(f"{s.name:28s} B={s.batch} H={s.num_heads} Hkv={s.num_kv_heads} D={s.head_dim} "
-          f"ctx={s.context} part={partition_size}: {ms * 1e3:8.1f} us  {gbps:7.0f} GB/s  "
+          f"ctx={s.context} parts={num_partitions}: {ms * 1e3:8.1f} us  {gbps:7.0f} GB/s  "
           f"{gbps / copy:5.2f} x copy")
 
 
@@ -98,17 +98,17 @@ def bench_prefill(s: Shape) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--partition-sizes", type=int, nargs="+", default=[],
-                        help="decode split-KV partition sizes to time (powers of two) "
-                             "besides the engine's automatic choice")
+    parser.add_argument("--num-partitions", type=int, nargs="+", default=[],
+                        help="decode split-KV partition counts to time besides the "
+                             "engine's automatic choice")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("kernels.bench needs a CUDA GPU")
     copy = copy_gbps()
     print(f"{torch.cuda.get_device_name()}: device-to-device copy {copy:.0f} GB/s")
     for shape in DECODE_SHAPES:
-        for partition_size in dict.fromkeys([auto_partition_size(shape)] + args.partition_sizes):
-            bench_decode(shape, partition_size, copy)
+        for num_partitions in dict.fromkeys([auto_num_partitions(shape)] + args.num_partitions):
+            bench_decode(shape, num_partitions, copy)
     for shape in PREFILL_SHAPES:
         bench_prefill(shape)
 

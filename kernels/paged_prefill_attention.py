@@ -46,7 +46,12 @@ def _find_sequence(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr
     return lo - 1
 
 
-@triton.jit
+# The engine slices the per-sequence inputs past the decode rows and the batch changes
+# every step: specialising on these integers or on the slices' 16-byte alignment would
+# compile new variants mid-run (seconds each) for no gain (they are scalar loads).
+@triton.jit(do_not_specialize=["num_seqs", "max_blocks", "stride_bt"],
+            do_not_specialize_on_alignment=["block_tables_ptr", "query_start_loc_ptr",
+                                            "seq_lens_ptr"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
     out_ptr, qk_scale, num_seqs, max_blocks, stride_qt, stride_qh, stride_bt, stride_ot,

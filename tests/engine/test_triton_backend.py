@@ -155,6 +155,33 @@ def test_mixed_step_makes_no_host_sync():
 
 
 @gpu
+def test_changing_batches_compile_no_new_kernel_variants():
+    """Mixed steps with other decode counts (so other slice alignments), batch sizes and
+    table widths reuse the compiled kernels: a compile mid-run would stall it for seconds."""
+    from importlib import import_module
+
+    from engine.triton_backend import TritonAttention
+    decode = import_module("kernels.paged_decode_attention")
+    prefill = import_module("kernels.paged_prefill_attention")
+    kernels = (decode._decode_partition_kernel, decode._decode_merge_kernel,
+               prefill._prefill_kernel)
+    gen = torch.Generator().manual_seed(6)
+    attention = TritonAttention(HEADS, KV_HEADS, DIM, target_programs=64)
+
+    def variants():
+        return [len(k.device_caches[torch.cuda.current_device()][0]) for k in kernels]
+
+    # Tables of 70-120 blocks (280-480 tokens) keep 2 decode partitions throughout.
+    attention(*step_inputs(gen, [(40, 1), (10, 7)], "cuda", width=70))
+    before = variants()
+    for steps, width in (([(3, 1), (0, 1), (70, 1), (5, 9)], 90),
+                         ([(100, 1), (1, 1), (2, 1), (0, 5), (9, 3)], 101),
+                         ([(17, 1), (30, 16)], 120), ([(8, 1)] * 4 + [(0, 2)], 77)):
+        attention(*step_inputs(gen, steps, "cuda", width=width))
+    assert variants() == before
+
+
+@gpu
 def test_decode_step_replays_from_a_cuda_graph():
     """Captured once for a batch of 4 and 200 block-table columns, the step follows new
     q/k/v, slots, seq_lens and block tables written into the same tensors; a padding row

@@ -65,7 +65,7 @@ def cases():
     yield ("decode fp32", decode._decode_partition_kernel, torch.float32,
            decode.partition_constexprs(32, 8, 64, 16, 256, False, torch.float32), 4)
     yield ("merge D128", decode._decode_merge_kernel, bf16,
-           dict(NUM_HEADS=32, HEAD_DIM=128, BLOCK_SIZE=16, PARTITION_SIZE=256), 4)
+           decode.merge_constexprs(32, 128, 16, 256), 4)
     yield ("store_kv_cache", store_kv_cache._store_kv_cache_kernel, bf16,
            dict(NUM_KV_HEADS=8, HEAD_DIM=64, BLOCK_H=8), 4)
     yield ("rms_norm fused", rms_norm._rms_norm_kernel, bf16,

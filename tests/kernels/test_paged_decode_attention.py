@@ -2,18 +2,18 @@ import pytest
 import torch
 
 from kernel_cases import assert_close, gpu, nan_like, paged_kv, randn
-from kernels.paged_decode_attention import (MIN_PARTITION_SIZE, paged_decode_attention,
-                                           paged_decode_attention_ref, split_partition_size)
+from kernels.paged_decode_attention import (paged_decode_attention, paged_decode_attention_ref,
+                                           split_num_partitions)
 
 
 def run_case(gen, device, seq_lens, num_heads, num_kv_heads, head_dim, dtype, block_size,
-             partition_size=256):
+             **partitioning):
     k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, block_size, num_kv_heads,
                                               head_dim, dtype, device)
     q = randn(gen, len(seq_lens), num_heads, head_dim, dtype=dtype, device=device)
     scale = head_dim ** -0.5
     out = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, out=nan_like(q),
-                                 partition_size=partition_size)
+                                 **partitioning)
     expected = paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, scale)
     assert_close(out, expected)
     return out
@@ -29,23 +29,32 @@ def test_matches_reference_ragged_single_partition(gen, device, dtype, num_heads
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(6, 2), (8, 2)])
 def test_matches_reference_multiple_partitions(gen, device, dtype, num_heads, num_kv_heads):
-    # partition 16 tokens over up to 100: up to 7 live partitions, some sequences end
-    # mid-partition and one (17) in the second partition's first token.
+    # partitions of >= 16 tokens, 7 launched (a 108-token table): 100 splits into 7 of 16,
+    # 17 into 2 of 16 (one token in the second), 64 into 4; 1 and 33 use fewer.
     run_case(gen, device, [100, 17, 1, 64, 33], num_heads, num_kv_heads, 32, dtype,
-             block_size=4, partition_size=16)
+             block_size=4, min_partition=16)
+
+
+@pytest.mark.parametrize("num_partitions", [2, 3, 20])
+def test_partition_length_follows_each_context(gen, device, num_partitions):
+    # Fewer partitions than the minimum length allows: each context is cut into
+    # num_partitions equal runs of whole 16-token tiles (100 -> 48+48+4 with 3);
+    # more than the table can use (20 > 260 / 16): the extra programs exit.
+    run_case(gen, device, [100, 35, 16, 0, 250], 8, 2, 32, torch.float32, block_size=4,
+             min_partition=16, num_partitions=num_partitions)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_head_dims(gen, device, head_dim):
     run_case(gen, device, [40, 9], 8, 2, head_dim, torch.bfloat16, block_size=16,
-             partition_size=32)
+             min_partition=32)
 
 
-@pytest.mark.parametrize("partition_size", [16, 256])
-def test_zero_length_rows_give_zeros(gen, device, partition_size):
+@pytest.mark.parametrize("min_partition", [16, 256])
+def test_zero_length_rows_give_zeros(gen, device, min_partition):
     # seq_len 0 rows are CUDA-graph padding: finite zeros, no reads of their table row.
     out = run_case(gen, device, [0, 21, 0], 6, 2, 32, torch.float32, block_size=4,
-                   partition_size=partition_size)
+                   min_partition=min_partition)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     assert torch.equal(out[2], torch.zeros_like(out[2]))
 
@@ -57,21 +66,22 @@ def test_strided_q_and_out(gen, device):
     q = qkv[:, :6 * 32].view(2, 6, 32)
     buf = torch.full((2, 7, 32), float("nan"), device=device)
     out = buf[:, 1:]
-    paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.2, out=out, partition_size=16)
+    paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.2, out=out, min_partition=16)
     assert_close(out, paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.2))
     assert buf[:, 0].isnan().all()
 
 
-def test_split_partition_size_fills_target_programs_only_when_needed():
+def test_split_num_partitions_fills_target_programs_only_when_needed():
     # A big batch already gives >= 528 programs (4 per SM on a 132-SM H100): no split.
-    assert split_partition_size(256, 8, 768, 528) == 1024
-    # One long sequence: split into ~528 / 8 = 66 partitions of a power-of-two size.
-    size = split_partition_size(1, 8, 32768, 528)
-    assert size == 512 and -(-32768 // size) * 8 >= 528 // 2
-    # Never below the minimum, however few programs; never split on a target of 1.
-    assert split_partition_size(1, 1, 300, 10_000) == MIN_PARTITION_SIZE
-    assert split_partition_size(3, 2, 5000, 1) == 8192
-    assert split_partition_size(4, 2, 0, 528) == MIN_PARTITION_SIZE
+    assert split_num_partitions(256, 8, 768, 528) == 1
+    assert split_num_partitions(256, 8, 32768, 528) == 1
+    # Mid batch: enough partitions for the target, whatever the table width.
+    assert split_num_partitions(32, 8, 32768, 528) == 3
+    # One sequence: 66 wanted, but a 768-token table holds only 3 of 256.
+    assert split_num_partitions(1, 8, 32768, 528) == 66
+    assert split_num_partitions(1, 8, 768, 528) == 3
+    assert split_num_partitions(3, 2, 5000, 1) == 1
+    assert split_num_partitions(4, 2, 0, 528) == 1
 
 
 def test_rejects_bad_arguments(gen, device):
@@ -92,8 +102,10 @@ def test_rejects_bad_arguments(gen, device):
         with pytest.raises(ValueError):
             paged_decode_attention(**args)
             pytest.fail(f"accepted {what}")
-    with pytest.raises(ValueError, match="partition_size"):
-        paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.1, partition_size=24)
+    with pytest.raises(ValueError, match="min_partition"):
+        paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.1, min_partition=24)
+    with pytest.raises(ValueError, match="num_partitions"):
+        paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.1, num_partitions=0)
     with pytest.raises(ValueError, match="head_dim"):
         paged_decode_attention(q[..., :24], k_cache[..., :24].contiguous(),
                                v_cache[..., :24].contiguous(), tables, lens, 0.1)

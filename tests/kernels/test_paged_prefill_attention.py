@@ -58,7 +58,7 @@ def test_one_query_per_sequence_equals_decode(gen, device):
     q, k_cache, v_cache, tables, starts, lens = ragged(
         gen, [19, 1, 40], [1, 1, 1], 8, 2, 32, torch.float32, device, 4)
     prefill = paged_prefill_attention(q, k_cache, v_cache, tables, starts, lens, 0.3)
-    decode = paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.3, partition_size=16)
+    decode = paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.3, min_partition=16)
     assert_close(prefill, decode)
 
 
