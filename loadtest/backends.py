@@ -30,6 +30,10 @@ def request_params(prompt: Prompt, temperature: float, ignore_eos: bool) -> dict
     return params
 
 
+def completion_prompt(prompt: Prompt) -> str | list[int]:
+    return list(prompt.token_ids) if prompt.token_ids else prompt.text
+
+
 class WsBackend:
     """Protocol v1 over a pool of WebSockets (JSON or msgpack frames)."""
 
@@ -58,7 +62,7 @@ class WsBackend:
         if self.endpoint == "chat":
             body = {"messages": [{"role": "user", "content": prompt.text}]}
         else:
-            body = {"prompt": prompt.text}
+            body = {"prompt": completion_prompt(prompt)}
         params = request_params(prompt, self.temperature, self.ignore_eos)
         await conn.request({"type": "generate", **body, "params": params}, record)
         if record.error_code != "disconnected":
@@ -118,10 +122,10 @@ class HttpBackend:
 
     async def complete(self, prompt: Prompt, record: RequestRecord) -> None:
         text = [{"role": "user", "content": prompt.text}] if self.endpoint == "chat" \
-            else prompt.text
+            else completion_prompt(prompt)
         await self.post(self.endpoint, text, prompt, record)
 
-    async def post(self, endpoint: str, text: str | list[dict], prompt: Prompt,
+    async def post(self, endpoint: str, text: str | list, prompt: Prompt,
                    record: RequestRecord) -> None:
         path = "chat/completions" if endpoint == "chat" else "completions"
         params = request_params(prompt, self.temperature, self.ignore_eos)

@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random-range-ratio", type=float, default=d.random_range_ratio)
     p.add_argument("--num-sessions", type=int, default=d.num_sessions)
     p.add_argument("--turns", type=int, default=d.turns, help="user turns per session")
+    p.add_argument("--first-turn-len", type=int, default=None,
+                   help="input tokens of each session's first turn, the history the later "
+                        "turns carry (default: --random-input-len)")
     p.add_argument("--think-time", type=float, default=d.think_time,
                    help="seconds a session waits between turns")
     p.add_argument("--request-rate", type=float, default=d.request_rate,
@@ -63,9 +66,10 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
         dataset=args.dataset, prompts_file=args.prompts_file, num_prompts=args.num_prompts,
         random_input_len=args.random_input_len, random_output_len=args.random_output_len,
         random_range_ratio=args.random_range_ratio, num_sessions=args.num_sessions,
-        turns=args.turns, think_time=args.think_time, request_rate=args.request_rate,
-        burstiness=args.burstiness, max_concurrency=args.max_concurrency,
-        duration=args.duration, seed=args.seed, allow_remote=args.allow_remote,
+        turns=args.turns, first_turn_len=args.first_turn_len, think_time=args.think_time,
+        request_rate=args.request_rate, burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency, duration=args.duration, seed=args.seed,
+        allow_remote=args.allow_remote,
         temperature=args.temperature, ignore_eos=args.ignore_eos, tokenizer=args.tokenizer,
         percentiles=tuple(float(p) for p in args.percentiles.split(",") if p.strip()),
         goodput=parse_goodput(args.goodput))
@@ -81,7 +85,13 @@ def build_workload(cfg: LoadTestConfig, tokenizer) -> dict:
         prompts = datasets.random_prompts(n, cfg.random_input_len, cfg.random_output_len,
                                           cfg.random_range_ratio, rng, tokenizer)
     if cfg.dataset == "sessions":
-        return {"sessions": datasets.session_turns(cfg.num_sessions, cfg.turns, prompts)}
+        openers = None
+        if cfg.first_turn_len:
+            openers = datasets.random_prompts(cfg.num_sessions, cfg.first_turn_len,
+                                              cfg.random_output_len, cfg.random_range_ratio,
+                                              rng, tokenizer)
+        return {"sessions": datasets.session_turns(cfg.num_sessions, cfg.turns, prompts,
+                                                   openers)}
     return {"prompts": prompts}
 
 

@@ -30,6 +30,7 @@ class LoadTestConfig:
     random_range_ratio: float = 0.0
     num_sessions: int = 8
     turns: int = 4
+    first_turn_len: int | None = None  # None: like every other turn (random_input_len)
     think_time: float = 0.0
     request_rate: float = math.inf
     burstiness: float = 1.0
@@ -58,6 +59,8 @@ class LoadTestConfig:
         for name in ("num_prompts", "random_input_len", "random_output_len",
                      "num_sessions", "turns"):
             _check(getattr(self, name) > 0, name, "a positive integer")
+        _check(self.first_turn_len is None or self.first_turn_len > 0, "first_turn_len",
+               "a positive integer")
         _check(0.0 <= self.random_range_ratio < 1.0, "random_range_ratio", "in [0, 1)")
         _check(self.think_time >= 0, "think_time", ">= 0")
         _check(self.request_rate > 0, "request_rate", "positive or inf")

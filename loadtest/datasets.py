@@ -14,11 +14,16 @@ from pathlib import Path
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """One request to send: its text, its length in tokens and how many tokens to ask for."""
+    """One request to send: its text, its length in tokens and how many tokens to ask for.
+
+    token_ids, when set, is sent instead of the text by the completions transports (WS
+    `generate` and HTTP /v1/completions), so the server sees exactly those tokens.
+    """
 
     text: str
     prompt_len: int
     output_len: int
+    token_ids: tuple[int, ...] | None = None
 
 
 def sample_len(mean: int, range_ratio: float, rng: random.Random) -> int:
@@ -93,8 +98,16 @@ def _parse_line(line: str, line_no: int, output_len: int) -> tuple[str, int]:
     return text, int(obj.get("output_len", obj.get("max_tokens", output_len)))
 
 
-def session_turns(num_sessions: int, turns: int, base: list[Prompt]) -> list[list[Prompt]]:
-    """Split `num_sessions * turns` prompts into sessions, each a list of user turns."""
+def session_turns(num_sessions: int, turns: int, base: list[Prompt],
+                  openers: list[Prompt] | None = None) -> list[list[Prompt]]:
+    """Split `num_sessions * turns` prompts into sessions, each a list of user turns.
+
+    `openers` (one per session) replace each first turn: e.g. a long document that every
+    later turn carries as history, the case the prefix cache is for.
+    """
     if len(base) < num_sessions * turns:
         raise ValueError("not enough prompts for the sessions")
-    return [base[s * turns:(s + 1) * turns] for s in range(num_sessions)]
+    sessions = [base[s * turns:(s + 1) * turns] for s in range(num_sessions)]
+    for session, opener in zip(sessions, openers or []):
+        session[0] = opener
+    return sessions

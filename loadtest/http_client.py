@@ -25,8 +25,8 @@ async def fetch_model(http: aiohttp.ClientSession, base_url: str) -> str:
         return (await resp.json())["data"][0]["id"]
 
 
-def build_body(endpoint: str, model: str, prompt: str | list[dict], params: dict) -> dict:
-    """The request body: `prompt` for completions, `messages` for chat."""
+def build_body(endpoint: str, model: str, prompt: str | list, params: dict) -> dict:
+    """The request body: `prompt` (text or token ids) for completions, `messages` for chat."""
     key = "messages" if endpoint == "chat" else "prompt"
     return {"model": model, key: prompt, "stream": True,
             "stream_options": {"include_usage": True}, **params}

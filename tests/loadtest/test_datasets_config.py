@@ -42,6 +42,23 @@ def test_session_turns_split_prompts_per_session():
     assert sessions == [prompts[:3], prompts[3:]]
 
 
+def test_session_openers_replace_each_first_turn():
+    prompts = random_prompts(6, 4, 2, 0.0, random.Random(0))
+    openers = random_prompts(2, 50, 2, 0.0, random.Random(1))
+    sessions = session_turns(2, 3, prompts, openers)
+    assert [s[0] for s in sessions] == openers
+    assert [s[1:] for s in sessions] == [prompts[1:3], prompts[4:6]]
+
+
+def test_cli_first_turn_len_builds_long_openers():
+    from loadtest.cli import build_workload
+
+    cfg = LoadTestConfig(dataset="sessions", num_sessions=2, turns=3, first_turn_len=40,
+                         random_input_len=5)
+    sessions = build_workload(cfg, None)["sessions"]
+    assert [[p.prompt_len for p in s] for s in sessions] == [[40, 5, 5], [40, 5, 5]]
+
+
 @pytest.mark.parametrize("host,ok", [("127.0.0.1", True), ("localhost", True), ("::1", True),
                                      ("127.9.9.9", True), ("10.0.0.1", False),
                                      ("example.com", False), ("0.0.0.0", False)])
@@ -58,6 +75,7 @@ def test_config_refuses_remote_hosts_unless_allowed():
 @pytest.mark.parametrize("field,value", [("num_prompts", 0), ("random_range_ratio", 1.0),
                                          ("request_rate", 0.0), ("burstiness", -1.0),
                                          ("max_concurrency", 0), ("dataset", "nope"),
+                                         ("first_turn_len", 0),
                                          ("url", "ftp://127.0.0.1/x"), ("percentiles", (0.0,))])
 def test_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError):

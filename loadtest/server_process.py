@@ -1,0 +1,82 @@
+"""A `tokenwire serve` child process on a free loopback port, for the comparisons and tests.
+
+    with ServerProcess(["--model", "default", "--device", "cpu"]) as server:
+        server.ws_url   # ws://127.0.0.1:PORT/v1/ws
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """(status, body); status 0 when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except OSError:
+        return 0, ""
+
+
+class ServerProcess:
+    """Starts `python -m gateway.cli serve ARGS --port P` and waits until /ready answers 200.
+
+    The server's log goes to a temporary file (a pipe nobody reads would fill and block
+    it); its tail is in the error when the server dies or never becomes ready.
+    """
+
+    def __init__(self, serve_args: list[str], ready_timeout_s: float = 600.0):
+        self.serve_args = list(serve_args)
+        self.ready_timeout_s = ready_timeout_s
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/ws"
+        self.proc: subprocess.Popen | None = None
+        self._log = tempfile.TemporaryFile()
+
+    def __enter__(self) -> "ServerProcess":
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1",
+               "--port", str(self.port), "--log-level", "WARNING", *self.serve_args]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + self.ready_timeout_s
+        while http_get(f"{self.base}/ready", timeout=2.0)[0] != 200:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"tokenwire serve did not become ready:\n{self.log_tail()}")
+            time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """SIGTERM (graceful drain), SIGKILL after 30 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-chars:]

@@ -1,0 +1,45 @@
+"""The one-command comparisons, end to end on a small random-weight model (dummy:tiny):
+each starts a real `tokenwire serve`, drives it over WebSocket and reads the numbers back.
+
+The full-size figures (default model, 2k-token history) come from the same commands; see
+the README's loadtest section. Here the checks are that both sides ran the same work and
+that the cache really was off in one run and on in the other.
+"""
+import json
+
+from loadtest.compare import main
+
+TINY = ["--model", "dummy:tiny", "--device", "cpu", "--num-threads", "1",
+        "--num-kv-blocks", "128"]
+
+
+def test_online_vs_offline_runs_the_same_tokens_on_both_sides(tmp_path, capsys):
+    out = tmp_path / "offline.json"
+    rc = main(["offline", *TINY, "--concurrency", "2,4", "--num-prompts", "6",
+               "--input-len", "24", "--output-len", "8", "--result-json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert [r["concurrency"] for r in report["rows"]] == [2, 4]
+    for row in report["rows"]:
+        assert row["online_output_tokens"] == row["offline_output_tokens"] == 6 * 8
+        assert row["online_output_tok_per_s"] > 0 and row["offline_output_tok_per_s"] > 0
+        assert abs(row["ratio"] - row["online_output_tok_per_s"]
+                   / row["offline_output_tok_per_s"]) < 1e-9
+    assert "online/offline" in capsys.readouterr().out
+
+
+def test_prefix_cache_comparison_serves_later_turns_from_cache_only_when_on(tmp_path, capsys):
+    out = tmp_path / "prefix.json"
+    rc = main(["prefix-cache", *TINY, "--history-len", "200", "--user-len", "8",
+               "--output-len", "4", "--num-sessions", "1", "--turns", "3",
+               "--result-json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    off, on = report["cache_off"], report["cache_on"]
+    assert off["later_count"] == on["later_count"] == 2
+    assert off["later_mean_prompt_tokens"] == on["later_mean_prompt_tokens"] > 200
+    assert off["later_mean_cached_tokens"] == 0
+    # Whole blocks of the history (16 tokens each) come from the cache on turns 2 and 3.
+    assert on["later_mean_cached_tokens"] >= 200 - 16
+    assert report["ratio"] == off["later_mean_ttft_ms"] / on["later_mean_ttft_ms"]
+    assert "off/on" in capsys.readouterr().out
