@@ -101,6 +101,8 @@ class Codec:
             obj = self._decoder.decode(data)
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise ProtocolError("invalid_json", f"frame is not valid: {exc}") from None
+        except RecursionError:  # msgspec's decoders recurse per nesting level
+            raise ProtocolError("invalid_json", "frame is not valid: nested too deeply") from None
         if not isinstance(obj, dict):
             raise ProtocolError("invalid_json", "frame must be an object (a map)")
         request_id = obj.get("id") if isinstance(obj.get("id"), str) else None
