@@ -36,6 +36,8 @@ class TorchAttention:
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5
+        self._rows_for: AttentionMetadata | None = None  # the step _rows was built for
+        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __call__(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]; stores k/v into the cache first."""
@@ -48,44 +50,64 @@ class TorchAttention:
         start = nd
         for b in range(nd, len(meta.seq_lens_host)):
             q_len, seq_len = meta.query_lens_host[b], meta.seq_lens_host[b]
-            qs = q[start:start + q_len]
-            out[start:start + q_len] = self._extend(qs, k_cache, v_cache,
-                                                    meta.block_tables[b], seq_len)
+            span = slice(start, start + q_len)
+            if q_len == seq_len:  # no cached prefix: the new tokens are the whole context
+                out[span] = self._causal(q[span], k[span], v[span])
+            else:
+                out[span] = self._extend(q[span], k_cache, v_cache, meta.block_tables[b], seq_len)
             start += q_len
         return out
 
-    def _gather(self, cache, block_table, num_blocks):
-        # cache [N, bs, Hkv, D] -> [.., num_blocks*bs, Hkv, D]
-        blocks = cache[block_table[..., :num_blocks].long()]
-        return blocks.flatten(-4, -3)
-
     def _decode(self, q, k_cache, v_cache, meta):
-        nd, block_size = q.shape[0], k_cache.shape[1]
-        num_blocks = -(-meta.max_seq_len // block_size)
-        tables = meta.block_tables[:nd]
-        k = self._gather(k_cache, tables, num_blocks).transpose(1, 2)  # [B, Hkv, L, D]
-        v = self._gather(v_cache, tables, num_blocks).transpose(1, 2)
-        positions = torch.arange(k.shape[2], device=q.device)
-        mask = positions[None, :] < meta.seq_lens[:nd, None]  # [B, L]
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), k, v, attn_mask=mask[:, None, None, :], scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads)
-        return out.squeeze(2)
+        """One query per request against its paged context, as two batched matmuls with
+        the query heads of each KV head grouped, so K/V are never repeated for GQA."""
+        nd, head_dim = q.shape[0], self.head_dim
+        rows, bias = self._decode_rows(meta, nd, k_cache.shape[1])
+        k = k_cache.view(-1, head_dim).index_select(0, rows).view(nd, self.num_kv_heads, -1, head_dim)
+        v = v_cache.view(-1, head_dim).index_select(0, rows).view(nd, self.num_kv_heads, -1, head_dim)
+        q = (q * self.scale).view(nd, self.num_kv_heads, -1, head_dim)  # [B, Hkv, G, D]
+        scores = torch.matmul(q, k.transpose(-1, -2)) + bias  # [B, Hkv, G, L]
+        return torch.matmul(torch.softmax(scores, dim=-1), v).view(nd, self.num_heads, head_dim)
+
+    def _decode_rows(self, meta, nd: int, block_size: int):
+        """Cache rows to gather ([B, Hkv, L] flattened, one row per token and KV head) and
+        the length mask as an additive bias; built once per step and reused by every layer."""
+        if self._rows_for is not meta:
+            device, hkv = meta.block_tables.device, self.num_kv_heads
+            num_blocks = -(-meta.max_seq_len // block_size)
+            tables = meta.block_tables[:nd, :num_blocks].long()
+            slots = (tables[:, :, None] * block_size
+                     + torch.arange(block_size, device=device)).view(nd, 1, -1)  # [B, 1, L]
+            rows = (slots * hkv + torch.arange(hkv, device=device)[None, :, None]).view(-1)
+            positions = torch.arange(slots.shape[-1], device=device)
+            bias = torch.zeros(nd, 1, 1, slots.shape[-1], device=device)
+            bias.masked_fill_((positions[None, :] >= meta.seq_lens[:nd, None])[:, None, None, :],
+                              float("-inf"))
+            self._rows_for, self._rows = meta, (rows, bias)
+        return self._rows
+
+    def _causal(self, q, k, v):
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
+                                             v.transpose(0, 1), is_causal=True, scale=self.scale,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        return out.transpose(0, 1)
+
+    def _gather(self, cache, block_table, num_blocks):
+        # cache [N, bs, Hkv, D] -> [num_blocks*bs, Hkv, D]
+        return cache[block_table[:num_blocks].long()].flatten(0, 1)
 
     def _extend(self, q, k_cache, v_cache, block_table, seq_len):
+        """Queries are the last q_len positions of a context partly in the cache: causal
+        with an offset."""
         q_len, block_size = q.shape[0], k_cache.shape[1]
         num_blocks = -(-seq_len // block_size)
         k = self._gather(k_cache, block_table, num_blocks)[:seq_len].transpose(0, 1)
         v = self._gather(v_cache, block_table, num_blocks)[:seq_len].transpose(0, 1)
-        gqa = self.num_heads != self.num_kv_heads
-        if q_len == seq_len:  # no cached prefix: plain causal
-            out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, is_causal=True,
-                                                 scale=self.scale, enable_gqa=gqa)
-        else:  # queries are the last q_len positions: causal with an offset
-            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-            mask = q_pos[:, None] >= torch.arange(seq_len, device=q.device)[None, :]
-            out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask,
-                                                 scale=self.scale, enable_gqa=gqa)
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        mask = q_pos[:, None] >= torch.arange(seq_len, device=q.device)[None, :]
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask,
+                                             scale=self.scale,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
         return out.transpose(0, 1)
 
 
