@@ -64,7 +64,8 @@ class Stream:
         self.completion_tokens = out.num_output_tokens
         if out.finished:
             self.finish_reason = out.finish_reason or "stop"
-            self.error = out.error
+            # The engine logged its exception; clients learn only that it was internal.
+            self.error = "internal error" if out.error else None
         return n
 
     def take_delta(self) -> dict | None:
