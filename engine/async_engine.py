@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.errors import EngineDeadError
+from engine.errors import EngineDeadError, EngineError, InvalidRequestError
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -106,6 +106,7 @@ class AsyncEngine:
             self._wake.notify()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        self._fail_all("engine stopped")  # nothing will ever step these requests again
 
     # -- requests -----------------------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams,
@@ -116,6 +117,8 @@ class AsyncEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         prompt_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.core.validate(prompt_ids, params)
+        if request_id in self._collectors:
+            raise InvalidRequestError("id", f"request {request_id!r} is already running")
         collector = _Collector()
         self._collectors[request_id] = collector
         self._submit(("add", request_id, prompt_ids, params))
@@ -164,10 +167,15 @@ class AsyncEngine:
         with self._wake:
             commands, self._inbox = self._inbox, []
         for command in commands:
-            if command[0] == "add":
-                self.core.add_request(*command[1:])
-            else:
+            if command[0] != "add":
                 self.core.abort_request(command[1])
+                continue
+            try:
+                self.core.add_request(*command[1:])
+            except EngineError as exc:  # refused here (say, the pool shrank): end just this one
+                failed = RequestOutput(command[1], "", [], finished=True,
+                                       finish_reason="error", error=str(exc))
+                self._loop.call_soon_threadsafe(self._dispatch, [failed])
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

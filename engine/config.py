@@ -1,6 +1,7 @@
 """EngineConfig: every engine limit in one frozen dataclass, validated when built."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,10 @@ class EngineConfig:
             raise InvalidRequestError("dtype", f"must be auto or one of {sorted(_DTYPES)}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise InvalidRequestError("attention_backend", "must be auto, torch or triton")
+        if (self.attention_backend == "triton" and self.resolved_device().type == "cpu"
+                and os.environ.get("TRITON_INTERPRET") != "1"):
+            raise InvalidRequestError("attention_backend",
+                                      "triton needs a CUDA device (or TRITON_INTERPRET=1 on CPU)")
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
