@@ -38,7 +38,9 @@ async def ws_handler(request: web.Request) -> web.WebSocketResponse:
     chosen = choose_subprotocol(offered)
     ws = web.WebSocketResponse(heartbeat=config.heartbeat_s,
                                receive_timeout=config.receive_timeout_s,
-                               max_msg_size=config.max_message_bytes,
+                               # aiohttp refuses a frame of exactly max_msg_size bytes;
+                               # ours is the largest allowed, so the bound is one more.
+                               max_msg_size=config.max_message_bytes + 1,
                                protocols=(chosen,) if chosen else ())
     live, resumed = await rt.sessions.attach(request.query.get("session_id"), owner)
     conn = None
