@@ -1,0 +1,84 @@
+"""SIGTERM with 50 streams in flight: `draining` to every client, then each stream's end,
+then close 1012. Short streams finish inside the drain; long ones are ended at the drain
+timeout; none just stops.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from .harness import connect
+
+NUM_STREAMS = 50
+DRAIN_TIMEOUT_S = 12.0
+SHORT_TOKENS, LONG_TOKENS = 16, 1024
+STARTED_BEFORE_SIGTERM = 20  # streams with a first delta when the signal goes
+
+
+async def _client(http, server, index: int, started: asyncio.Queue) -> dict:
+    """One socket, one request; every frame until the socket closes."""
+    ws, _ = await connect(http, server)
+    long = index % 2 == 1
+    await ws.send_json({"type": "chat" if index % 4 < 2 else "generate", "id": "s",
+                        ("content" if index % 4 < 2 else "prompt"): f"Story {index}, please.",
+                        "params": {"max_tokens": LONG_TOKENS if long else SHORT_TOKENS,
+                                   "ignore_eos": True}})
+    frames = []
+    async for msg in ws:  # ends at the close frame
+        if msg.type != aiohttp.WSMsgType.TEXT:
+            break
+        frames.append(msg.json())
+        if frames[-1]["type"] == "delta" and sum(f["type"] == "delta" for f in frames) == 1:
+            started.put_nowait(index)
+    return {"long": long, "frames": frames, "close": ws.close_code}
+
+
+def _outcome(client: dict) -> str:
+    """finished_before | finished | cut | lost | no_draining, from one client's frames."""
+    kinds = [f["type"] for f in client["frames"]]
+    ends = [i for i, k in enumerate(kinds) if k in ("done", "error")]
+    if len(ends) != 1 or any(k != "draining" for k in kinds[ends[0] + 1:]):
+        return "lost"  # no end, two ends, or frames after the end other than draining
+    if "draining" not in kinds:
+        return "no_draining"
+    end = client["frames"][ends[0]]
+    if ends[0] < kinds.index("draining"):
+        return "finished_before"
+    if end["type"] == "done" and end["finish_reason"] in ("stop", "length"):
+        return "finished"
+    return "cut"  # done/cancelled with "server draining", or an error, at the timeout
+
+
+async def test_sigterm_drains_50_streams(spawn, figures):
+    server = spawn("--drain-timeout", str(DRAIN_TIMEOUT_S), "--ttft-bound-s", "600",
+                   name="drain").start()
+    started: asyncio.Queue = asyncio.Queue()
+    async with aiohttp.ClientSession() as http:
+        clients = [asyncio.create_task(_client(http, server, i, started))
+                   for i in range(NUM_STREAMS)]
+        for _ in range(STARTED_BEFORE_SIGTERM):
+            await asyncio.wait_for(started.get(), 180)
+        server.terminate()
+        signalled = time.monotonic()
+        results = await asyncio.wait_for(asyncio.gather(*clients), DRAIN_TIMEOUT_S + 60)
+        exit_code = await asyncio.to_thread(server.proc.wait, 60)
+        exited_s = time.monotonic() - signalled
+    outcomes = [_outcome(r) for r in results]
+    count = {k: outcomes.count(k) for k in
+             ("finished_before", "finished", "cut", "lost", "no_draining")}
+    closes = {r["close"] for r in results}
+    figures("SIGTERM with 50 streams in flight", tried=NUM_STREAMS,
+            survived=count["finished_before"] + count["finished"] + count["cut"],
+            lost=count["lost"] + count["no_draining"],
+            notes=f"after `draining`: {count['finished']} finished, {count['cut']} ended at "
+                  f"the {DRAIN_TIMEOUT_S:.0f} s drain timeout; {count['finished_before']} "
+                  f"had finished before the signal reached them; close codes {closes}; "
+                  f"process exited {exit_code} after {exited_s:.1f} s")
+    assert count["lost"] == 0 and count["no_draining"] == 0, (count, results)
+    assert count["finished_before"] <= NUM_STREAMS // 5, count  # really in flight
+    assert count["finished"] >= 1 and count["cut"] >= 1, count  # both paths ran
+    assert all(not r["long"] or _outcome(r) == "cut" for r in results), count
+    assert closes == {1012}, closes
+    assert exit_code == 0 and exited_s < DRAIN_TIMEOUT_S + 20
