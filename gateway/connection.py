@@ -211,11 +211,21 @@ class Connection:
 
     # -- request tasks -------------------------------------------------------------------
     async def _run_chat(self, stream: Stream, params) -> None:
-        try:
-            await self._run(stream, self._chat_prompt, params)
-        finally:
+        """A chat turn. A finished turn is saved before its `done` goes out, so a client
+        that saw `done` finds the turn again even after a hard kill of the server."""
+        ended = False
+
+        async def end_turn(_stream: Stream) -> None:
+            nonlocal ended
+            ended = True
             self.session.end_turn(stream.text)
             await asyncio.shield(self._save(request_id=stream.id))
+
+        try:
+            await self._run(stream, self._chat_prompt, params, before_done=end_turn)
+        finally:
+            if not ended:  # cancelled, failed or refused: close the turn all the same
+                await end_turn(stream)
 
     async def _chat_prompt(self, stream: Stream, max_tokens: int) -> list[int] | None:
         """Save the accepted user turn, then render the session's chat, oldest turns
@@ -241,9 +251,10 @@ class Connection:
 
         await self._run(stream, render, params)
 
-    async def _run(self, stream: Stream, render, params) -> None:
+    async def _run(self, stream: Stream, render, params, before_done=None) -> None:
         """Render the prompt to token ids, admit (the scheduler weighs its length and the
-        caller's key), stream engine outputs into the outbox, then `done` (or one `error`)."""
+        caller's key), stream engine outputs into the outbox, await `before_done` (if any),
+        then `done` (or one `error`)."""
         ticket = None
         try:
             prompt = await render(stream, params.max_tokens)
@@ -258,6 +269,8 @@ class Connection:
                 async for out in outputs:
                     stream.absorb(out)
                     self.outbox.put_delta(stream)
+            if before_done is not None:
+                await before_done(stream)
             self.outbox.put_done(stream)
         except asyncio.CancelledError:
             if not stream.cancel_requested:
