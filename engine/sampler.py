@@ -1,14 +1,21 @@
 """Sampling: penalties, temperature, top-k, top-p, min-p and per-request seeded draws.
 
-Rows are independent: one argmax over the batch serves the greedy rows; the others are
-processed one by one, each with its own generator, so a request's draws depend only on its
-own seed and history. Results stay on the device until one host copy per step.
+One argmax over the batch serves the greedy rows. The other rows are filtered together and
+drawn with the exponential race (argmax of p / E with E ~ Exp(1) picks token i with
+probability p_i), each row's noise from its own generator, so a request's draws depend only
+on its own seed and history, never on its batch. Results stay on the device until one host
+copy per step.
 """
 from __future__ import annotations
 
 import torch
 
 from engine.request import Request
+from engine.sampling_params import SamplingParams
+
+# top-p looks at this many most likely tokens first; a row whose nucleus is wider (rare)
+# falls back to sorting its whole vocabulary.
+TOP_P_CANDIDATES = 1024
 
 
 class Sampler:
@@ -21,24 +28,28 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         tokens = logits.argmax(dim=-1)
-        for row, request in enumerate(requests):
-            params = request.params
-            if params.greedy and not params.has_penalties:
-                continue
-            row_logits = logits[row].clone()
-            if params.has_penalties:
-                apply_penalties(row_logits, request)
-            # device-side writes only: the step's single host sync is the tolist() below
-            tokens[row] = row_logits.argmax() if params.greedy else self._draw(row_logits, request)
+        rows = [i for i, r in enumerate(requests)
+                if not (r.params.greedy and not r.params.has_penalties)]
+        if rows:
+            tokens[rows] = self._sample_rows(logits[rows], [requests[i] for i in rows])
         return tokens.tolist()
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
-    def _draw(self, logits: torch.Tensor, request: Request) -> torch.Tensor:
-        probs = filtered_probs(logits, request.params)
-        gen = self._generator(request, logits.device)
-        return torch.multinomial(probs, 1, generator=gen)[0]
+    def _sample_rows(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """logits [R, V] (a copy) of rows that sample or carry penalties -> tokens [R]."""
+        for row, request in zip(logits, requests):
+            if request.params.has_penalties:
+                apply_penalties(row, request)
+        greedy = torch.tensor([r.params.greedy for r in requests], device=logits.device)
+        probs = filtered_probs(logits, [r.params for r in requests])
+        noise = torch.empty_like(probs)
+        for row, request in zip(noise, requests):
+            if not request.params.greedy:
+                row.exponential_(generator=self._generator(request, logits.device))
+        drawn = (probs / noise).argmax(dim=-1)
+        return torch.where(greedy, logits.argmax(dim=-1), drawn)
 
     def _generator(self, request: Request, device: torch.device) -> torch.Generator:
         gen = self._generators.get(request.request_id)
@@ -67,18 +78,40 @@ def apply_penalties(logits: torch.Tensor, request: Request) -> None:
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
-def filtered_probs(logits: torch.Tensor, params) -> torch.Tensor:
-    """Temperature, then top-k, top-p and min-p filters; returns probabilities over [V]."""
-    logits = logits / params.temperature
-    if params.top_k and params.top_k < logits.shape[0]:
-        kth = torch.topk(logits, params.top_k).values[-1]
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits [R, V] -> probabilities [R, V] after each row's temperature, top-k, top-p and
+    min-p (greedy rows get temperature 1; the caller takes their argmax anyway)."""
+    logits = logits / _column([p.temperature if p.temperature > 0 else 1.0 for p in params], logits)
+    vocab = logits.shape[-1]
+    if any(0 < p.top_k < vocab for p in params):
+        ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        kth_index = torch.tensor(ks, device=logits.device)[:, None] - 1
+        kth = logits.topk(max(ks), dim=-1).values.gather(1, kth_index)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly above each token
-        sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    if params.min_p > 0.0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    return probs / probs.sum()
+    if any(p.top_p < 1.0 for p in params):
+        probs = _top_p(probs, _column([p.top_p for p in params], probs))
+    if any(p.min_p > 0.0 for p in params):
+        min_p = _column([p.min_p for p in params], probs)
+        probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep each row's smallest set of most likely tokens whose mass reaches top_p
+    (rows with top_p 1 keep everything)."""
+    if probs.is_cuda:  # a full sort is cheap there, and the shortcut's check would sync
+        values, order = probs.sort(dim=-1, descending=True)
+    else:  # on CPU sorting 50k-150k entries per row dominates sampling: try candidates first
+        values, order = probs.topk(min(TOP_P_CANDIDATES, probs.shape[-1]), dim=-1)
+        if bool((values.sum(dim=-1, keepdim=True) < top_p).any()):  # a wider nucleus
+            values, order = probs.sort(dim=-1, descending=True)
+    before = values.cumsum(dim=-1) - values  # mass strictly above each candidate
+    keep = (before < top_p) | (top_p >= 1.0)
+    kept = torch.zeros_like(probs).scatter_(1, order, values * keep)
+    return torch.where(top_p >= 1.0, probs, kept)
+
+
+def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:
+    """Per-row parameters as an [R, 1] tensor that broadcasts over the vocabulary."""
+    return torch.tensor(values, device=like.device, dtype=like.dtype)[:, None]

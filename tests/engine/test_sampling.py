@@ -43,12 +43,12 @@ def test_top_k_one_equals_greedy(llm):
 def test_top_p_and_min_p_filter_the_distribution():
     logits = torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0])
     p = torch.softmax(logits, 0)
-    probs = filtered_probs(logits, SamplingParams(top_p=0.7))
+    probs = filtered_probs(logits[None], [SamplingParams(top_p=0.7)])[0]
     kept = (probs > 0).nonzero().flatten().tolist()
     assert kept == [0, 1]  # 0.64 < 0.7, so the second token is needed too
-    probs = filtered_probs(logits, SamplingParams(min_p=0.3))
+    probs = filtered_probs(logits[None], [SamplingParams(min_p=0.3)])[0]
     assert ((probs > 0) == (p >= 0.3 * p.max())).all()
-    probs = filtered_probs(logits, SamplingParams(top_k=3))
+    probs = filtered_probs(logits[None], [SamplingParams(top_k=3)])[0]
     assert (probs > 0).sum() == 3
 
 
@@ -110,3 +110,23 @@ def test_sampler_greedy_batch_fast_path():
     reqs = [Request(f"r{i}", [1], SamplingParams(temperature=0.0)) for i in range(3)]
     logits = torch.randn(3, 50)
     assert sampler.sample(logits, reqs) == logits.argmax(-1).tolist()
+
+
+def test_batched_filters_match_each_row_alone():
+    logits = torch.randn(4, 3000, generator=torch.Generator().manual_seed(0)) * 3
+    params = [SamplingParams(top_k=5), SamplingParams(top_p=0.5), SamplingParams(min_p=0.2),
+              SamplingParams(temperature=0.5, top_p=0.999999)]  # wider than the candidates
+    together = filtered_probs(logits, params)
+    for row, p in enumerate(params):
+        alone = filtered_probs(logits[row:row + 1], [p])[0]
+        assert torch.allclose(together[row], alone)
+    assert (together[0] > 0).sum() == 5
+    assert (together[3] > 0).sum() > 1024  # fell back to the full sort
+
+
+def test_exponential_race_draws_follow_the_distribution():
+    sampler = Sampler()
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1]])).repeat(3000, 1)
+    reqs = [Request(f"r{i}", [1], SamplingParams(temperature=1.0, seed=i)) for i in range(3000)]
+    counts = torch.bincount(torch.tensor(sampler.sample(logits, reqs)), minlength=3) / 3000
+    assert torch.allclose(counts, torch.tensor([0.6, 0.3, 0.1]), atol=0.04)
