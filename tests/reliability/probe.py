@@ -26,9 +26,10 @@ def snapshot() -> dict:
     tasks = asyncio.all_tasks(loop) if loop is not None else set()
     names = collections.Counter(t.get_coro().__qualname__ for t in tasks if not t.done())
     proc = psutil.Process()
-    tcp = [c for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_ESTABLISHED]
-    return {"tasks": sum(names.values()), "task_names": dict(names),
-            "fds": proc.num_fds(), "tcp_established": len(tcp)}
+    # Every socket but the listener, whatever its state (CLOSE_WAIT would be a leak too).
+    sockets = [c for c in proc.net_connections(kind="inet") if c.status != psutil.CONN_LISTEN]
+    return {"tasks": sum(names.values()), "task_names": dict(names), "fds": proc.num_fds(),
+            "sockets": len(sockets)}
 
 
 def _on_probe(signum, frame) -> None:
