@@ -100,10 +100,11 @@ async def test_engine_exception_ends_one_request(faulty_server, figures, caplog)
                  and s["end"]["finish_reason"] == "length"
                  and s["end"]["usage"]["completion_tokens"] == 24]
     faults = [mine["mid"], mine["first"]]
+    ends = [(f["end"]["type"], f["end"].get("finish_reason") or f["end"].get("code"),
+             f["deltas"]) for f in faults]
     figures("engine exception in one request", tried=len(normal) + 1,
             survived=len(completed), lost=len(normal) + 1 - len(completed),
-            notes=f"the 2 faulty requests ended with "
-                  f"{[(f['end']['type'], f['end'].get('finish_reason') or f['end'].get('code'), f['deltas']) for f in faults]} "
+            notes=f"the 2 faulty requests ended with {ends} "
                   f"(type, reason/code, deltas before); {len(normal)} concurrent requests "
                   f"and 1 after all completed: {len(completed) == len(normal) + 1}")
     assert len(completed) == len(normal) + 1, (mine, theirs, after)

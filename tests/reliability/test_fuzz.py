@@ -1,9 +1,9 @@
 """Hypothesis fuzz of the WebSocket protocol against a live server process.
 
 Over 10,000 generated frames (see fuzz_frames.py), FRAMES_PER_SOCKET per connection,
-JSON and msgpack sockets. Each frame must get exactly one reply (a session.update or reset may
-answer after the batch's closing ping, once its save is done): an `error` with a code DESIGN.md defines, or the
-answer of a harmless valid message. The socket must stay open, the server process alive
+JSON and msgpack sockets. Each frame must get exactly one reply: an `error` with a code
+DESIGN.md defines, or the answer of a harmless valid message (a session.update or reset
+may answer after the batch's closing ping, once its save is done). The socket must stay open, the server process alive
 with no traceback in its log, and a well-formed request must work after.
 """
 from __future__ import annotations
