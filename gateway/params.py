@@ -22,6 +22,9 @@ def build_params(config: GatewayConfig, *layers: dict | None,
         field = exc.field if exc.field.startswith("params.") else f"params.{exc.field}"
         message = str(exc).split(": ", 1)[-1]
         raise ProtocolError("invalid_request", f"{field}: {message}", request_id) from None
+    except (TypeError, ValueError) as exc:  # a wrong type the engine's checks let through
+        raise ProtocolError("invalid_request", f"params: invalid value ({exc})",
+                            request_id) from None
     if params.max_tokens > config.max_tokens_cap:
         raise ProtocolError("invalid_request", f"params.max_tokens: must be at most "
                             f"{config.max_tokens_cap}", request_id)
