@@ -3,8 +3,9 @@
 Over 10,000 generated frames (see fuzz_frames.py), FRAMES_PER_SOCKET per connection,
 JSON and msgpack sockets. Each frame must get exactly one reply: an `error` with a code
 DESIGN.md defines, or the answer of a harmless valid message (a session.update or reset
-may answer after the batch's closing ping, once its save is done). The socket must stay open, the server process alive
-with no traceback in its log, and a well-formed request must work after.
+may answer after the batch's closing ping, once its save is done). The socket must stay
+open, the server process alive with no traceback in its log, and a well-formed request
+must work after. The explicit examples are frames that once killed a socket.
 """
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import json
 
 import aiohttp
 import msgpack
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from .fuzz_frames import TEXT, json_frames, msgpack_frames
+from .fuzz_frames import BINARY, TEXT, json_frames, msgpack_frames
 from .harness import ERROR_CODES, FRAME_TIMEOUT_S, connect, until_end
 
 FRAMES_PER_SOCKET = 25
@@ -95,6 +96,12 @@ def test_fuzzed_frames_get_defined_errors(shared_server, figures):
     @given(st.booleans().flatmap(lambda binary: st.tuples(st.just(binary), st.lists(
         msgpack_frames() if binary else json_frames(), min_size=FRAMES_PER_SOCKET,
         max_size=FRAMES_PER_SOCKET))))
+    @example((False, [(TEXT, "[" * 10000 + "]" * 10000),
+                      (TEXT, '{"type":"session.update","params":{"stop":5}}'),
+                      (TEXT, '{"type":"chat","id":"c","content":"x","params":{"stop":true}}'),
+                      (TEXT, '{"type":"generate","id":"g","prompt":"x",'
+                             '"params":{"stop_token_ids":1.5}}')]))
+    @example((True, [(BINARY, b"\x91" * 20000 + b"\xc0")]))
     def batch(case):
         binary, frames = case
         sent[0] += len(frames)
