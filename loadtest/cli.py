@@ -154,7 +154,8 @@ def run_facts(cfg: LoadTestConfig, model: str | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tokenwire loadtest", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tokenwire loadtest", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

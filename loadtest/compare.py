@@ -107,7 +107,11 @@ def compare_offline(args: argparse.Namespace) -> dict:
                     token_prompts(tokenizer, n, args.input_len, args.output_len, args.seed))
     online = {c: [] for c in loads}
     offline = {c: [] for c in loads}
-    with ServerProcess(serve_args(args, "--max-num-seqs", str(max(loads)))) as server:
+    # The engine and the admission controller both let every client request run at once,
+    # as LLM.generate does: the comparison is about delivery, not admission.
+    slots = str(max(loads))
+    with ServerProcess(serve_args(args, "--max-num-seqs", slots,
+                                  "--max-running-requests", slots)) as server:
         for c, (warm, prompts) in loads.items():
             cfg = LoadTestConfig(url=server.ws_url, use_msgpack=args.msgpack,
                                  num_prompts=len(prompts), max_concurrency=c, ignore_eos=True,

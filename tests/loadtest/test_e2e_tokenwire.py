@@ -7,62 +7,26 @@ the output tokens the client counted from its deltas.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.cli import main
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except OSError:
-        return 0, ""
+from loadtest.server_process import ServerProcess, http_get
 
 
 @pytest.fixture(scope="module")
 def tokenwire_url():
-    """`python -m gateway.cli serve` on a free port with a small KV pool; its base URL."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--device",
-           "cpu", "--num-kv-blocks", "256", "--max-model-len", "1024", "--drain-timeout", "2",
-           "--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while _get(f"{base}/ready")[0] != 200:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not become ready: {proc.stderr.read().decode()[-2000:]}")
-        time.sleep(0.5)
-    yield base
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    """`tokenwire serve` (default model, one CPU thread, small KV pool); its base URL."""
+    args = ["--device", "cpu", "--num-threads", "1", "--num-kv-blocks", "256",
+            "--max-model-len", "1024", "--drain-timeout", "2"]
+    with ServerProcess(args, ready_timeout_s=300) as server:
+        yield server.base
 
 
 def scrape(base: str) -> dict[str, float]:
     """Label-free samples of /metrics (label sets summed), by sample name."""
-    status, text = _get(f"{base}/metrics")
+    status, text = http_get(f"{base}/metrics")
     assert status == 200
     samples: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
