@@ -145,7 +145,9 @@ async def _measure(runner: Runner, workload: dict, cfg: LoadTestConfig, scrape_m
 
 def run_facts(cfg: LoadTestConfig, model: str | None) -> dict:
     rate = "inf" if math.isinf(cfg.request_rate) else cfg.request_rate
-    return {"url": cfg.url, "endpoint": cfg.endpoint, "model": model,
+    # Sessions always speak chat (WS `chat` turns, or /chat/completions over HTTP).
+    endpoint = "chat" if cfg.dataset == "sessions" else cfg.endpoint
+    return {"url": cfg.url, "endpoint": endpoint, "model": model,
             "transport": "ws+msgpack" if cfg.use_msgpack else
             ("ws" if cfg.is_websocket else "http"),
             "dataset": cfg.dataset, "num_requests": cfg.num_requests, "request_rate": rate,
