@@ -12,13 +12,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
 import sys
 import time
 
-from loadtest.cli import build_workload, make_backend
+from loadtest.cli import build_workload, make_backend, run_loop
 from loadtest.config import LoadTestConfig
 from loadtest.datasets import Prompt
 from loadtest.metrics import summarize
@@ -79,7 +78,7 @@ def serve_args(args: argparse.Namespace, *extra: str) -> list[str]:
 
 def run_online(cfg: LoadTestConfig, workload: dict) -> tuple[dict, list]:
     """One loadtest run: its summary and its records."""
-    outcome = asyncio.run(Runner(cfg, make_backend(cfg), show_progress=False).run(**workload))
+    outcome = run_loop(Runner(cfg, make_backend(cfg), show_progress=False).run(**workload))
     result = summarize(outcome.records, outcome.duration, outcome.t0)
     if result["failed"]:
         raise RuntimeError(f"online run had failures: {result['errors_by_code']}")
