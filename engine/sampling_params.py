@@ -32,10 +32,10 @@ class SamplingParams:
     priority: int = 0
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop = _as_list(self.stop, "stop", "must be a string or a list of strings",
+                             scalar=str)
+        self.stop_token_ids = _as_list(self.stop_token_ids, "stop_token_ids",
+                                       "must be a list of integers")
         if self.top_k == -1:
             self.top_k = 0
         _check_types(self)
@@ -65,6 +65,18 @@ class SamplingParams:
 _INT_FIELDS = ("max_tokens", "top_k", "priority")
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty",
                  "presence_penalty", "frequency_penalty")
+
+
+def _as_list(value, name: str, message: str, scalar: type | None = None) -> list:
+    """None -> [], a lone `scalar` -> [value], a list or tuple -> a copy; else an error
+    naming the field (a dict or a set must not slip through as its keys)."""
+    if value is None:
+        return []
+    if scalar is not None and isinstance(value, scalar):
+        return [value]
+    if not isinstance(value, (list, tuple)):
+        raise InvalidRequestError(name, message)
+    return list(value)
 
 
 def _check_types(p: SamplingParams) -> None:

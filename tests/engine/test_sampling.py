@@ -130,3 +130,16 @@ def test_exponential_race_draws_follow_the_distribution():
     reqs = [Request(f"r{i}", [1], SamplingParams(temperature=1.0, seed=i)) for i in range(3000)]
     counts = torch.bincount(torch.tensor(sampler.sample(logits, reqs)), minlength=3) / 3000
     assert torch.allclose(counts, torch.tensor([0.6, 0.3, 0.1]), atol=0.04)
+
+
+def test_ill_typed_stop_fields_name_the_field():
+    import pytest
+    from engine.errors import InvalidRequestError
+
+    for kw, field in (({"stop": 5}, "stop"), ({"stop": {"a": 1}}, "stop"),
+                      ({"stop_token_ids": 1.5}, "stop_token_ids"),
+                      ({"stop_token_ids": "ab"}, "stop_token_ids")):
+        with pytest.raises(InvalidRequestError) as err:
+            SamplingParams(**kw)
+        assert err.value.field == field
+    assert SamplingParams(stop="x").stop == ["x"]
