@@ -99,11 +99,15 @@ def compare_offline(args: argparse.Namespace) -> dict:
     from loadtest.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(_tokenizer_spec(args.model))
+    # Fresh prompts for every run (seed + 1000 x run + C), the same on both sides: a
+    # repeated prompt would be served from the prefix cache.
     loads = {}
     for c in (int(c) for c in args.concurrency.split(",")):
         n = args.num_prompts or 4 * c
-        loads[c] = (token_prompts(tokenizer, c, args.input_len, 4, args.seed + 1000 + c),
-                    token_prompts(tokenizer, n, args.input_len, args.output_len, args.seed))
+        warm = token_prompts(tokenizer, c, args.input_len, 4, args.seed + 999_000 + c)
+        runs = [token_prompts(tokenizer, n, args.input_len, args.output_len,
+                              args.seed + 1000 * r + c) for r in range(args.repeat)]
+        loads[c] = (warm, runs)
     online = {c: [] for c in loads}
     offline = {c: [] for c in loads}
     # The engine and the admission controller both let every client request run at once,
@@ -111,13 +115,13 @@ def compare_offline(args: argparse.Namespace) -> dict:
     slots = str(max(loads))
     with ServerProcess(serve_args(args, "--max-num-seqs", slots,
                                   "--max-running-requests", slots)) as server:
-        for c, (warm, prompts) in loads.items():
+        for c, (warm, runs) in loads.items():
             cfg = LoadTestConfig(url=server.ws_url, use_msgpack=args.msgpack,
-                                 num_prompts=len(prompts), max_concurrency=c, ignore_eos=True,
-                                 seed=args.seed)
+                                 num_prompts=len(runs[0]), max_concurrency=c,
+                                 ignore_eos=True, seed=args.seed)
             run_online(cfg, {"prompts": warm})
             engine = OfflineEngine(args, c, warm) if args.interleave else None
-            for _ in range(args.repeat):
+            for prompts in runs:
                 online[c].append(run_online(cfg, {"prompts": prompts})[0])
                 log(f"online  c={c}: {online[c][-1]['duration']:.2f} s")
                 if engine:
@@ -125,11 +129,11 @@ def compare_offline(args: argparse.Namespace) -> dict:
             if engine:
                 engine.close()
     if not args.interleave:  # the server is gone: the engine may take its memory
-        for c, (warm, prompts) in loads.items():
+        for c, (warm, runs) in loads.items():
             engine = OfflineEngine(args, c, warm)
-            offline[c] = [engine.run(prompts) for _ in range(args.repeat)]
+            offline[c] = [engine.run(prompts) for prompts in runs]
             engine.close()
-    rows = [offline_row(args, c, len(loads[c][1]), online[c], offline[c]) for c in loads]
+    rows = [offline_row(args, c, len(loads[c][1][0]), online[c], offline[c]) for c in loads]
     return {"comparison": "offline", "model": args.model, "device": args.device,
             "transport": "ws+msgpack" if args.msgpack else "ws", "repeat": args.repeat,
             "interleaved": args.interleave, "rows": rows}

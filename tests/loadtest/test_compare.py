@@ -7,21 +7,26 @@ that the cache really was off in one run and on in the other.
 """
 import json
 
+import pytest
+
 from loadtest.compare import main
 
 TINY = ["--model", "dummy:tiny", "--device", "cpu", "--num-threads", "1",
         "--num-kv-blocks", "128"]
 
 
-def test_online_vs_offline_runs_the_same_tokens_on_both_sides(tmp_path, capsys):
+@pytest.mark.parametrize("order", [[], ["--interleave"]])
+def test_online_vs_offline_runs_the_same_tokens_on_both_sides(tmp_path, capsys, order):
     out = tmp_path / "offline.json"
     rc = main(["offline", *TINY, "--concurrency", "2,4", "--num-prompts", "6",
-               "--input-len", "24", "--output-len", "8", "--result-json", str(out)])
+               "--input-len", "24", "--output-len", "8", "--repeat", "2", *order,
+               "--result-json", str(out)])
     assert rc == 0
     report = json.loads(out.read_text())
     assert [r["concurrency"] for r in report["rows"]] == [2, 4]
     for row in report["rows"]:
         assert row["online_output_tokens"] == row["offline_output_tokens"] == 6 * 8
+        assert len(row["online_seconds"]) == len(row["offline_seconds"]) == 2
         assert row["online_output_tok_per_s"] > 0 and row["offline_output_tok_per_s"] > 0
         assert abs(row["ratio"] - row["online_output_tok_per_s"]
                    / row["offline_output_tok_per_s"]) < 1e-9
