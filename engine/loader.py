@@ -86,13 +86,22 @@ def _convert_gguf(source_dir: Path, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _tokenizer(path: Path):
+    """The directory's tokenizer, never "cleaning up" spaces before punctuation on decode:
+    for the BPE and SentencePiece vocabularies of Llama-family models that cleanup changes
+    the text (transformers ignores it for BPE anyway, with a warning on every load)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, clean_up_tokenization_spaces=False)
+
+
 def _load_hf_dir(path: Path, name: str, device, dtype) -> LoadedModel:
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     try:
         hf_config = AutoConfig.from_pretrained(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = _tokenizer(path)
         config = from_hf_config(hf_config, _eos_token_ids(path, hf_config, tokenizer))
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load model from {path}: {exc}") from exc
@@ -128,12 +137,10 @@ def _as_list(value) -> list[int]:
 
 def _load_dummy(shape: str, device, dtype, seed: int) -> LoadedModel:
     """Random weights of a real model's shape, with the default model's tokenizer."""
-    from transformers import AutoTokenizer
-
     tokenizer_dir = cache_root() / DEFAULT_MODEL_NAME
     if not (tokenizer_dir / "tokenizer_config.json").is_file():
         tokenizer_dir = default_model_dir()
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = _tokenizer(tokenizer_dir)
     try:
         config = dummy_config(shape, (tokenizer.convert_tokens_to_ids("<|im_end|>"),))
     except ValueError as exc:
