@@ -70,6 +70,9 @@ class WsClient:
         return await self._send({"type": "chat", "id": request_id, "content": content},
                                 max_tokens, params)
 
+    async def cancel(self, request_id: str) -> None:
+        await self.ws.send_str(json.dumps({"type": "cancel", "id": request_id}))
+
     async def _send(self, frame: dict, max_tokens: int, params: dict) -> Result:
         frame["params"] = {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
                            **params}
