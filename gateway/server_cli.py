@@ -18,10 +18,12 @@ from aiohttp import web
 
 from gateway.config import ConfigError, GatewayConfig
 from gateway.flags import add_config_flags, config_values
+from gateway.session_store import SessionStoreConfig
 from scheduler.config import SchedulerConfig
 
 log = logging.getLogger("tokenwire.serve")
 D = GatewayConfig()
+S = SessionStoreConfig()
 
 
 # Fields set by their own flags (model, device, dtype), or owned by the gateway (the
@@ -63,6 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--api-key-file", help="one key per line; # starts a comment")
     s.add_argument("--allowed-origins", default="", help="comma-separated Origins")
     s.add_argument("--session-db", help="SQLite file for sessions (default: in memory)")
+    s.add_argument("--session-ttl", type=float, default=S.ttl_s,
+                   help="seconds a session lives after its last save (default %(default)s)")
+    s.add_argument("--max-sessions", type=int, default=S.max_sessions,
+                   help="sessions kept; beyond it the least recently saved go")
+    s.add_argument("--max-session-bytes", type=int, default=S.max_bytes_per_session,
+                   help="largest serialized session; a turn beyond it answers too_large")
     add_config_flags(parser.add_argument_group("engine limits"), _engine_config_cls(),
                      _ENGINE_SKIP)
     add_config_flags(parser.add_argument_group("admission and backpressure"), SchedulerConfig,
@@ -79,6 +87,12 @@ def gateway_config(args: argparse.Namespace, environ: dict) -> GatewayConfig:
         default_max_tokens=args.default_max_tokens, drain_timeout_s=args.drain_timeout,
         reconnect_after_ms=args.reconnect_after, api_keys=tuple(_api_keys(args, environ)),
         allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()))
+
+
+def session_store_config(args: argparse.Namespace) -> SessionStoreConfig:
+    return SessionStoreConfig(path=args.session_db, ttl_s=args.session_ttl,
+                              max_sessions=args.max_sessions,
+                              max_bytes_per_session=args.max_session_bytes)
 
 
 def _api_keys(args: argparse.Namespace, environ: dict) -> list[str]:
@@ -113,21 +127,22 @@ def run(args: argparse.Namespace) -> int:
         config = gateway_config(args, dict(os.environ))
         engine_cfg = engine_config(args)
         sched_cfg = scheduler_config(args)
+        store_cfg = session_store_config(args)
     except (ConfigError, ValueError, OSError) as exc:
         log.error("bad configuration: %s", exc)
         return 2
     import uvloop
 
-    return uvloop.run(serve(config, engine_cfg, sched_cfg, args.session_db))
+    return uvloop.run(serve(config, engine_cfg, sched_cfg, store_cfg))
 
 
 async def serve(config: GatewayConfig, engine_cfg, sched_cfg: SchedulerConfig,
-                session_db: str | None) -> int:
+                store_cfg: SessionStoreConfig) -> int:
     from engine.async_engine import AsyncEngine
     from gateway.app import build_app, drain, make_runner
-    from gateway.session_store import SessionStoreConfig, make_session_store
+    from gateway.session_store import make_session_store
 
-    store = make_session_store(SessionStoreConfig(path=session_db))
+    store = make_session_store(store_cfg)
     app = build_app(config, engine_factory=lambda: AsyncEngine(engine_cfg), store=store,
                     scheduler_config=sched_cfg)
     runner = make_runner(app, access_log=None)

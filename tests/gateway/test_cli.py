@@ -12,6 +12,7 @@ import pytest
 from engine.config import EngineConfig
 from gateway import server_cli
 from gateway.config import GatewayConfig
+from gateway.session_store import SessionStoreConfig
 from scheduler.config import SchedulerConfig
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -35,6 +36,7 @@ def test_no_flags_gives_the_dataclass_defaults():
     assert server_cli.scheduler_config(args) == SchedulerConfig()
     assert server_cli.engine_config(args) == EngineConfig()
     assert server_cli.gateway_config(args, {}) == GatewayConfig()
+    assert server_cli.session_store_config(args) == SessionStoreConfig()
 
 
 def test_every_gateway_field_has_a_flag():
@@ -50,6 +52,12 @@ def test_every_gateway_field_has_a_flag():
     assert unchanged == []
     assert config.api_keys == ("a", "b", "c")
     assert config.allowed_origins == ("http://x", "http://y")
+
+
+def test_session_store_flags():
+    args = parse("--session-db", "s.db", "--session-ttl", "60", "--max-sessions", "5",
+                 "--max-session-bytes", "4096")
+    assert server_cli.session_store_config(args) == SessionStoreConfig("s.db", 60.0, 5, 4096)
 
 
 def test_engine_and_scheduler_flags_typed_and_none_switches_off():
