@@ -32,7 +32,8 @@ class ModelRunner:
         self.dtype = config.resolved_dtype()
         c = loaded.config
         attention, ops = self._backends(c)
-        self.model = LlamaModel(c, loaded.weights, attention, ops, max_positions=max_model_len)
+        self.model = LlamaModel(c, loaded.weights, attention, ops, max_positions=max_model_len,
+                                prepack_linears=config.cpu_weight_prepack)
         self.sampler = Sampler(config.seed)
         self.block_size = config.block_size
         # A dummy model may have more vocab rows than the tokenizer: never sample those.

@@ -1,6 +1,7 @@
 """A compact Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2).
 
-Weights are plain tensors with q/k/v and gate/up fused for fewer, larger matmuls.
+Projections are engine.linear.Linear layers, with q/k/v and gate/up fused for fewer,
+larger matmuls (and prepacked for oneDNN on CPU when asked).
 All tokens of a step are flattened into one [T, hidden] batch; attention is paged.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import AttentionMetadata
+from engine.linear import Linear
 from engine.models.config import ModelConfig
 from engine.ops import TorchOps, build_cos_sin_cache
 
@@ -18,28 +20,33 @@ from engine.ops import TorchOps, build_cos_sin_cache
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [(H + 2*Hkv) * D, hidden]
-    qkv_bias: torch.Tensor | None
+    qkv: Linear  # hidden -> (H + 2*Hkv) * D, with bias (Qwen2)
     q_norm: torch.Tensor | None  # [D] (Qwen3)
     k_norm: torch.Tensor | None
-    o_proj: torch.Tensor  # [hidden, H*D]
+    o_proj: Linear  # H*D -> hidden
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2*inter, hidden]
-    down: torch.Tensor  # [hidden, inter]
+    gate_up: Linear  # hidden -> 2*inter
+    down: Linear  # inter -> hidden
 
 
 class LlamaModel:
-    """Forward pass over flattened tokens; returns final hidden states [T, hidden]."""
+    """Forward pass over flattened tokens; returns final hidden states [T, hidden].
+
+    prepack_linears: reorder the projection weights for oneDNN (CPU fp32 only; see
+    engine.linear). The tied lm_head then keeps its own packed copy of the embedding.
+    """
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention,
-                 ops=TorchOps, max_positions: int | None = None):
+                 ops=TorchOps, max_positions: int | None = None, prepack_linears: bool = False):
         self.config = config
         self.attention = attention
         self.ops = ops
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
-        self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
-        self.layers = [_layer_weights(weights, i, config) for i in range(config.num_layers)]
+        head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
+        self.lm_head = Linear(head, prepack=prepack_linears)
+        self.layers = [_layer_weights(weights, i, config, prepack_linears)
+                       for i in range(config.num_layers)]
         self.cos_sin_cache = build_cos_sin_cache(
             max_positions or config.max_position_embeddings, config.head_dim,
             config.rope_theta, config.rope_scaling, self.embed.dtype, self.embed.device)
@@ -56,17 +63,17 @@ class LlamaModel:
                 x, residual = self.ops.rms_norm(hidden, layer.input_norm, eps, residual)
             hidden = self._attention(layer, x, positions, meta, kv_cache)
             x, residual = self.ops.rms_norm(hidden, layer.post_norm, eps, residual)
-            hidden = F.linear(self.ops.silu_and_mul(F.linear(x, layer.gate_up)), layer.down)
+            hidden = layer.down(self.ops.silu_and_mul(layer.gate_up(x)))
         out, _ = self.ops.rms_norm(hidden, self.norm, eps, residual)
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
 
     def _attention(self, layer: LayerWeights, x, positions, meta, kv_cache):
         c = self.config
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        qkv = layer.qkv(x)
         q, k, v = qkv.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
                              c.num_kv_heads * c.head_dim], dim=-1)
         q = q.reshape(-1, c.num_heads, c.head_dim)
@@ -79,10 +86,11 @@ class LlamaModel:
             q, k = q.contiguous(), k.contiguous()
         self.ops.rotary(q, k, positions, self.cos_sin_cache)
         out = self.attention(q, k, v.contiguous(), kv_cache, meta)
-        return F.linear(out.reshape(-1, c.num_heads * c.head_dim), layer.o_proj)
+        return layer.o_proj(out.reshape(-1, c.num_heads * c.head_dim))
 
 
-def _layer_weights(w: dict[str, torch.Tensor], i: int, c: ModelConfig) -> LayerWeights:
+def _layer_weights(w: dict[str, torch.Tensor], i: int, c: ModelConfig,
+                   prepack: bool) -> LayerWeights:
     p = f"model.layers.{i}."
     attn = p + "self_attn."
     qkv = torch.cat([w[attn + n + "_proj.weight"] for n in "qkv"])
@@ -91,7 +99,9 @@ def _layer_weights(w: dict[str, torch.Tensor], i: int, c: ModelConfig) -> LayerW
         bias = torch.cat([w[attn + n + "_proj.bias"] for n in "qkv"])
     gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
     return LayerWeights(
-        input_norm=w[p + "input_layernorm.weight"], qkv=qkv, qkv_bias=bias,
+        input_norm=w[p + "input_layernorm.weight"], qkv=Linear(qkv, bias, prepack),
         q_norm=w.get(attn + "q_norm.weight"), k_norm=w.get(attn + "k_norm.weight"),
-        o_proj=w[attn + "o_proj.weight"], post_norm=w[p + "post_attention_layernorm.weight"],
-        gate_up=gate_up, down=w[p + "mlp.down_proj.weight"])
+        o_proj=Linear(w[attn + "o_proj.weight"], prepack=prepack),
+        post_norm=w[p + "post_attention_layernorm.weight"],
+        gate_up=Linear(gate_up, prepack=prepack),
+        down=Linear(w[p + "mlp.down_proj.weight"], prepack=prepack))
