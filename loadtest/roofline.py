@@ -39,6 +39,11 @@ def measure_hardware(device: torch.device, dtype: torch.dtype) -> Hardware:
     return Hardware(2 * n ** 3 / matmul_s, 2 * src.numel() * 4 / copy_s)
 
 
+def best_of(a: Hardware, b: Hardware) -> Hardware:
+    return Hardware(max(a.matmul_flops, b.matmul_flops),
+                    max(a.copy_bytes_per_s, b.copy_bytes_per_s))
+
+
 def _best_time(fn, device: torch.device, repeats: int = 5) -> float:
     fn()
     best = float("inf")
