@@ -9,6 +9,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError, PromptTooLongError
+from engine.host_memory import keep_freed_step_buffers
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, RequestOutput
@@ -38,6 +39,8 @@ class EngineCore:
         wanted_len = config.max_model_len or min(loaded.config.max_position_embeddings,
                                                  _MAX_CONTEXT)
         self.runner = ModelRunner(config, loaded, wanted_len)
+        if self.runner.device.type == "cpu":
+            keep_freed_step_buffers()
         pool_tokens = self.runner.num_blocks * config.block_size
         self.max_model_len = min(wanted_len, pool_tokens)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size,
