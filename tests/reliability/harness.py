@@ -151,6 +151,17 @@ async def until_end(ws, request_id: str, timeout: float = FRAME_TIMEOUT_S):
             return "".join(parts), frame
 
 
+async def generate_once(server: ServerProcess, max_tokens: int) -> dict:
+    """One short generate on a new socket; its `done` (or error) frame plus the text."""
+    async with aiohttp.ClientSession() as http:
+        ws, _ = await connect(http, server)
+        await ws.send_json({"type": "generate", "id": "once", "prompt": "Hello",
+                            "params": {"max_tokens": max_tokens, "ignore_eos": True}})
+        text, end = await until_end(ws, "once")
+        await ws.close()
+    return {**end, "text": text}
+
+
 async def chat(ws, request_id: str, content: str, max_tokens: int = 8) -> tuple[str, dict]:
     await ws.send_json({"type": "chat", "id": request_id, "content": content,
                         "params": {"max_tokens": max_tokens, "temperature": 0}})

@@ -12,7 +12,7 @@ import random
 
 import aiohttp
 
-from .harness import connect, recv, settle, until_end
+from .harness import connect, generate_once, recv, settle
 
 NUM_CLIENTS = 200
 CONCURRENT = 24  # clients connected at once: enough to fill the engine's running slots
@@ -75,17 +75,6 @@ async def _storm(server, plans: list[dict]) -> list[dict]:
         return await asyncio.gather(*(client(i, plan) for i, plan in enumerate(plans)))
 
 
-async def _served(server) -> dict:
-    """One short request on a new socket; returns its `done` (checked by the caller)."""
-    async with aiohttp.ClientSession() as http:
-        ws, _ = await connect(http, server)
-        await ws.send_json({"type": "generate", "id": "after", "prompt": "Hello",
-                            "params": {"max_tokens": 8, "ignore_eos": True}})
-        text, end = await until_end(ws, "after")
-        await ws.close()
-    return {**end, "text": text}
-
-
 async def _settled(server) -> tuple[dict, dict]:
     """/metrics once idle, and then a probe that reads the same twice in a row (sockets
     that just closed finish their handlers first). force_close: the scrapes themselves
@@ -104,12 +93,12 @@ async def _settled(server) -> tuple[dict, dict]:
 async def test_disconnect_storm_frees_everything(shared_server, figures):
     rng = random.Random(SEED)
     plans = [_plan(rng) for _ in range(NUM_CLIENTS)]
-    first = await _served(shared_server)  # warm: lazily made objects exist before the baseline
+    first = await generate_once(shared_server, 8)  # warm: lazily made objects exist before the baseline
     _, before = await _settled(shared_server)
 
     results = await _storm(shared_server, plans)
     metrics, after = await _settled(shared_server)
-    end = await _served(shared_server)
+    end = await generate_once(shared_server, 8)
 
     leaked = {k: metrics.get(k) for k, v in IDLE.items() if metrics.get(k) != v}
     leaked.update({k: (before[k], after[k]) for k in ("tasks", "fds", "sockets")

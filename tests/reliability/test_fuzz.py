@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from .fuzz_frames import BINARY, TEXT, json_frames, msgpack_frames
-from .harness import ERROR_CODES, FRAME_TIMEOUT_S, connect, until_end
+from .harness import ERROR_CODES, FRAME_TIMEOUT_S, connect, generate_once
 
 FRAMES_PER_SOCKET = 25
 SOCKETS = 410  # 10,250 frames
@@ -73,16 +73,6 @@ def _check(replies: list[dict], frames: list, tally: collections.Counter) -> Non
             tally[kind] += 1
 
 
-async def _well_formed(server) -> dict:
-    async with aiohttp.ClientSession() as http:
-        ws, _ = await connect(http, server)
-        await ws.send_json({"type": "generate", "id": "ok", "prompt": "Hello",
-                            "params": {"max_tokens": 4, "ignore_eos": True}})
-        _, end = await until_end(ws, "ok")
-        await ws.close()
-    return end
-
-
 def test_fuzzed_frames_get_defined_errors(shared_server, figures):
     tally: collections.Counter = collections.Counter()
     sent = [0, 0]  # frames, sockets
@@ -120,5 +110,5 @@ def test_fuzzed_frames_get_defined_errors(shared_server, figures):
                       f"tracebacks logged: {tracebacks}")
     assert sent[0] >= 10_000
     assert alive and tracebacks == 0, shared_server.log()[-3000:]
-    end = asyncio.run(_well_formed(shared_server))
+    end = asyncio.run(generate_once(shared_server, 4))
     assert end["type"] == "done" and end["usage"]["completion_tokens"] == 4, end
