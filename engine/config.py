@@ -31,7 +31,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's own limit, at most 32768
     enable_prefix_caching: bool = True
-    attention_backend: str = "auto"  # "torch" | "triton" | "auto" (triton on CUDA)
+    # "torch" | "triton" | "cpu" (C++ kernels, kernels/cpu) | "auto": triton on CUDA; on
+    # CPU, cpu where the kernels build (a C++ compiler is present), else torch
+    attention_backend: str = "auto"
     use_cuda_graph: bool = True
     cuda_graph_max_batch: int = 512
     num_threads: int | None = None  # CPU intra-op threads; None: torch's default
@@ -50,8 +52,10 @@ class EngineConfig:
             raise InvalidRequestError("kv_memory_fraction", "must be in (0, 1]")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise InvalidRequestError("dtype", f"must be auto or one of {sorted(_DTYPES)}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise InvalidRequestError("attention_backend", "must be auto, torch or triton")
+        if self.attention_backend not in ("auto", "torch", "triton", "cpu"):
+            raise InvalidRequestError("attention_backend", "must be auto, torch, triton or cpu")
+        if self.attention_backend == "cpu" and self.resolved_device().type != "cpu":
+            raise InvalidRequestError("attention_backend", "cpu needs device cpu")
         if (self.attention_backend == "triton" and self.resolved_device().type == "cpu"
                 and os.environ.get("TRITON_INTERPRET") != "1"):
             raise InvalidRequestError("attention_backend",

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+import kernels.cpu as cpu_kernels
 from engine.attention import AttentionMetadata, TorchAttention
 from engine.config import EngineConfig
+from engine.cpu_backend import CpuAttention, CpuOps
 from engine.cuda_graphs import DecodeGraphs
 from engine.loader import LoadedModel
 from engine.models.llama import LlamaModel
@@ -49,6 +51,13 @@ class ModelRunner:
         if self.config.use_triton():
             from engine.triton_backend import TritonAttention, TritonOps
             return TritonAttention(c.num_heads, c.num_kv_heads, c.head_dim), TritonOps
+        if self.device.type == "cpu" and self.config.attention_backend in ("auto", "cpu"):
+            kernels = cpu_kernels.load()
+            if kernels is not None:
+                return CpuAttention(c.num_heads, c.num_kv_heads, c.head_dim, kernels), CpuOps(kernels)
+            if self.config.attention_backend == "cpu":
+                raise RuntimeError("attention_backend='cpu': the C++ kernels failed to build "
+                                   "(see the warning above; needs a C++ compiler and ninja)")
         return TorchAttention(c.num_heads, c.num_kv_heads, c.head_dim), TorchOps
 
     def kv_bytes_per_block(self, c) -> int:

@@ -8,20 +8,18 @@ import re
 import subprocess
 import sys
 import tempfile
-from importlib import import_module
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-# import_module: `import kernels.x as m` would bind the function that kernels/ re-exports.
-decode = import_module("kernels.paged_decode_attention")
-prefill = import_module("kernels.paged_prefill_attention")
-rms_norm = import_module("kernels.rms_norm")
-rotary = import_module("kernels.rotary")
-silu_and_mul = import_module("kernels.silu_and_mul")
-store_kv_cache = import_module("kernels.store_kv_cache")
+import kernels.paged_decode_attention as decode
+import kernels.paged_prefill_attention as prefill
+import kernels.rms_norm as rms_norm
+import kernels.rotary as rotary
+import kernels.silu_and_mul as silu_and_mul
+import kernels.store_kv_cache as store_kv_cache
 
 TYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 POINTERS = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",

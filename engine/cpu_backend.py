@@ -1,0 +1,59 @@
+"""C++ drop-ins for engine.attention.TorchAttention's decode path and engine.ops.TorchOps
+(CPU, fp32): the kernels in kernels/cpu. Same signatures and results as the torch versions;
+anything they do not cover (other dtypes, prefill attention) stays on torch.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.attention import AttentionMetadata, TorchAttention
+from engine.ops import TorchOps
+
+
+class CpuAttention(TorchAttention):
+    """TorchAttention with decode rows read straight from the paged cache in C++
+    (no gathered copy of the context, one pass over each K/V row for all query heads)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels):
+        super().__init__(num_heads, num_kv_heads, head_dim)
+        self.kernels = kernels
+
+    def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata):
+        if q.dtype != torch.float32:
+            return super()._decode(q, k_cache, v_cache, meta)
+        out = torch.empty_like(q)
+        self.kernels.paged_decode_attention(out, q, k_cache, v_cache, meta.block_tables,
+                                            meta.seq_lens, self.scale)
+        return out
+
+
+class CpuOps:
+    """TorchOps with fp32 rows done in one C++ pass each; other dtypes go to TorchOps."""
+
+    def __init__(self, kernels):
+        self.kernels = kernels
+
+    def rms_norm(self, x, weight, eps, residual=None):
+        if x.dtype != torch.float32:
+            return TorchOps.rms_norm(x, weight, eps, residual)
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        if residual is None:
+            self.kernels.rms_norm(out, x, weight, eps, None, None)
+            return out
+        new_residual = torch.empty_like(x)
+        self.kernels.rms_norm(out, x, weight, eps, residual.contiguous(), new_residual)
+        return out, new_residual
+
+    def rotary(self, q, k, positions, cos_sin_cache):
+        if q.dtype != torch.float32:
+            return TorchOps.rotary(q, k, positions, cos_sin_cache)
+        for x in (q, k):
+            self.kernels.rotary(x, positions, cos_sin_cache)
+
+    def silu_and_mul(self, x):
+        if x.dtype != torch.float32:
+            return TorchOps.silu_and_mul(x)
+        out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device)
+        self.kernels.silu_and_mul(out, x.contiguous())
+        return out

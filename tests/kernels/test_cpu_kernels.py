@@ -1,0 +1,117 @@
+"""The C++ CPU kernels (kernels/cpu, through engine.cpu_backend) against the plain-torch
+references, on NaN-poisoned paged caches with gaps, ragged and empty contexts."""
+
+import pytest
+import torch
+
+from engine.attention import AttentionMetadata, TorchAttention
+from engine.cpu_backend import CpuAttention, CpuOps
+from engine.ops import TorchOps, build_cos_sin_cache
+from kernel_cases import assert_close, paged_kv, randn
+import kernels.cpu as cpu_kernels
+from kernels.paged_decode_attention import paged_decode_attention_ref
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    built = cpu_kernels.load()
+    if built is None:
+        pytest.skip("the C++ kernels did not build here (no compiler or ninja)")
+    return built
+
+
+def decode_meta(block_tables, seq_lens) -> AttentionMetadata:
+    lens = seq_lens.tolist()
+    return AttentionMetadata(
+        slot_mapping=torch.empty(0, dtype=torch.int64), block_tables=block_tables,
+        seq_lens=seq_lens, query_start_loc=torch.arange(len(lens) + 1, dtype=torch.int32),
+        num_decodes=len(lens), max_seq_len=max(lens), query_lens_host=[1] * len(lens),
+        seq_lens_host=lens)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 1)])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_decode_attention_matches_reference(gen, kernels, num_heads, num_kv_heads, block_size):
+    seq_lens = [1, 37, block_size, 3 * block_size + 1, 200]  # partial and exact last blocks
+    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, block_size, num_kv_heads, 64,
+                                              torch.float32, "cpu")
+    q = randn(gen, len(seq_lens), num_heads, 64, dtype=torch.float32, device="cpu")
+    attention = CpuAttention(num_heads, num_kv_heads, 64, kernels)
+    out = attention._decode(q, k_cache, v_cache, decode_meta(tables, lens))
+    assert_close(out, paged_decode_attention_ref(q, k_cache, v_cache, tables, lens,
+                                                 attention.scale))
+
+
+def test_decode_attention_zero_length_rows_give_zeros(gen, kernels):
+    k_cache, v_cache, tables, lens = paged_kv(gen, [0, 20], 16, 2, 64, torch.float32, "cpu")
+    q = randn(gen, 2, 4, 64, dtype=torch.float32, device="cpu")
+    out = torch.full_like(q, float("nan"))
+    kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens, 0.125)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert_close(out[1:], paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125)[1:])
+
+
+def test_decode_attention_agrees_with_torch_backend(gen, kernels):
+    """Same metadata through both engine backends (the torch one gathers rows)."""
+    k_cache, v_cache, tables, lens = paged_kv(gen, [17, 64, 5], 16, 3, 64, torch.float32, "cpu",
+                                              extra_cols=0)
+    # The torch backend reads whole blocks up to the longest context, as the engine's
+    # tables allow (unused entries 0, every slot finite); it masks what it must not use.
+    k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)
+    tables = tables.where(tables < k_cache.shape[0], 0)
+    q = randn(gen, 3, 9, 64, dtype=torch.float32, device="cpu")
+    meta = decode_meta(tables, lens)
+    expected = TorchAttention(9, 3, 64)._decode(q, k_cache, v_cache, meta)
+    assert_close(CpuAttention(9, 3, 64, kernels)._decode(q, k_cache, v_cache, meta), expected)
+
+
+def test_decode_attention_rejects_bad_arguments(gen, kernels):
+    k_cache, v_cache, tables, lens = paged_kv(gen, [20], 16, 2, 64, torch.float32, "cpu")
+    q = randn(gen, 1, 4, 64, dtype=torch.float32, device="cpu")
+    out = torch.empty_like(q)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.paged_decode_attention(out, q.double(), k_cache, v_cache, tables, lens, 1.0)
+    with pytest.raises(RuntimeError, match="int32"):
+        kernels.paged_decode_attention(out, q, k_cache, v_cache, tables.long(), lens, 1.0)
+    with pytest.raises(RuntimeError, match="does not fit the block table"):
+        kernels.paged_decode_attention(out, q, k_cache, v_cache, tables[:, :1], lens, 1.0)
+    with pytest.raises(RuntimeError, match="head counts"):
+        kernels.paged_decode_attention(torch.empty(1, 3, 64), q[:, :3].contiguous(), k_cache,
+                                       v_cache, tables, lens, 1.0)
+
+
+@pytest.mark.parametrize("shape", [(5, 96), (33, 576), (7, 3, 64)])
+def test_rms_norm_matches_torch_ops(gen, kernels, shape):
+    x, residual = (randn(gen, *shape, dtype=torch.float32, device="cpu") for _ in range(2))
+    weight = randn(gen, shape[-1], dtype=torch.float32, device="cpu")
+    ops = CpuOps(kernels)
+    assert_close(ops.rms_norm(x, weight, 1e-5), TorchOps.rms_norm(x, weight, 1e-5))
+    out, new_residual = ops.rms_norm(x, weight, 1e-6, residual)
+    out_ref, residual_ref = TorchOps.rms_norm(x, weight, 1e-6, residual)
+    assert torch.equal(new_residual, residual_ref)
+    assert_close(out, out_ref)
+
+
+def test_rotary_matches_torch_ops_in_place(gen, kernels):
+    cache = build_cos_sin_cache(512, 64, 10000.0, None, torch.float32, "cpu")
+    positions = torch.randint(0, 512, (11,), generator=gen)
+    q, k = randn(gen, 11, 9, 64, dtype=torch.float32, device="cpu"), \
+        randn(gen, 11, 3, 64, dtype=torch.float32, device="cpu")
+    q_ref, k_ref = q.clone(), k.clone()
+    CpuOps(kernels).rotary(q, k, positions, cache)
+    TorchOps.rotary(q_ref, k_ref, positions, cache)
+    assert_close(q, q_ref)
+    assert_close(k, k_ref)
+    with pytest.raises(RuntimeError, match="out of range"):
+        kernels.rotary(q, torch.full((11,), 512), cache)
+
+
+def test_silu_and_mul_matches_torch_ops(gen, kernels):
+    x = randn(gen, 6, 2 * 1536, dtype=torch.float32, device="cpu") * 8  # exp's tails too
+    assert_close(CpuOps(kernels).silu_and_mul(x), TorchOps.silu_and_mul(x))
+
+
+def test_other_dtypes_fall_back_to_torch(gen, kernels):
+    x = randn(gen, 4, 64, dtype=torch.bfloat16, device="cpu")
+    weight = randn(gen, 64, dtype=torch.bfloat16, device="cpu")
+    assert torch.equal(CpuOps(kernels).rms_norm(x, weight, 1e-5), TorchOps.rms_norm(x, weight, 1e-5))
