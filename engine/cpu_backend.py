@@ -8,18 +8,20 @@ import torch
 
 from engine.attention import AttentionMetadata, TorchAttention
 from engine.ops import TorchOps
+from kernels.cpu import DECODE_HEAD_DIMS
 
 
 class CpuAttention(TorchAttention):
     """TorchAttention with decode rows read straight from the paged cache in C++
-    (no gathered copy of the context, one pass over each K/V row for all query heads)."""
+    (no gathered copy of the context; each K/V block read from memory once for all
+    query heads). Other dtypes and head sizes keep the torch path."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels):
         super().__init__(num_heads, num_kv_heads, head_dim)
         self.kernels = kernels
 
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata):
-        if q.dtype != torch.float32:
+        if q.dtype != torch.float32 or self.head_dim not in DECODE_HEAD_DIMS:
             return super()._decode(q, k_cache, v_cache, meta)
         out = torch.empty_like(q)
         self.kernels.paged_decode_attention(out, q, k_cache, v_cache, meta.block_tables,

@@ -14,6 +14,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(__file__), "ops.cpp")
 # -march=native: the build runs on the machine that uses it (and is cached per source hash).
+# paged_decode_attention is built for these head sizes (templates in ops.cpp).
+DECODE_HEAD_DIMS = (64, 128)
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 
 

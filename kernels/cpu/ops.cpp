@@ -30,50 +30,88 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// One sequence: all its query heads against its paged context. Scores for the whole
-// context first, then softmax, then the weighted sum of V rows. Each token's K and V rows
-// (all KV heads, contiguous) are read once for every query head of their group (GQA
-// without repeating K/V).
-void attend_one(float* out, const float* q, const float* k_cache, const float* v_cache,
-                const int32_t* table, int64_t seq_len, int64_t block_size,
-                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
-                std::vector<float>& scores, std::vector<float>& acc) {
-  const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
-  scores.resize(num_heads * seq_len);
-  acc.assign(num_heads * head_dim, 0.f);
-  auto token_offset = [&](int64_t t) {
-    return (static_cast<int64_t>(table[t / block_size]) * block_size + t % block_size) * row;
-  };
-  for (int64_t t = 0; t < seq_len; ++t) {
-    const float* k = k_cache + token_offset(t);
-    for (int64_t h = 0; h < num_heads; ++h)
-      scores[h * seq_len + t] = dot(q + h * head_dim, k + (h / group) * head_dim, head_dim) * scale;
-  }
-  std::vector<float> inv_sum(num_heads);
-  for (int64_t h = 0; h < num_heads; ++h) {
-    float* s = scores.data() + h * seq_len;
-    const float m = *std::max_element(s, s + seq_len);
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < seq_len; ++t) {
-      s[t] = std::exp(s[t] - m);
-      sum += s[t];
-    }
-    inv_sum[h] = 1.f / sum;
-  }
-  for (int64_t t = 0; t < seq_len; ++t) {
-    const float* v = v_cache + token_offset(t);
+// 8 floats: GCC/Clang vector extensions, compiled to whatever SIMD -march=native offers.
+typedef float float8 __attribute__((vector_size(32)));
+
+inline float8 load8(const float* p) {
+  float8 v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline float sum8(float8 v) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
+// One sequence: all its query heads against its paged context, head_dim D, one KV
+// block at a time (its rows are contiguous: read from memory once, then from L1 by every
+// query head). Scores for the whole context first, then softmax, then the weighted sum of
+// V rows. Independent accumulators in registers (4 tokens at a time for the scores, the
+// D/8 chunks of a head for the sum) keep FMAs from waiting on each other. Query heads of
+// a group read the same K/V rows (GQA without repeating K/V).
+template <int D>
+void attend_one(float* out, const float* q, const std::vector<int64_t>& row_offsets,
+                int64_t block_size, const float* k_cache, const float* v_cache,
+                int64_t num_heads, int64_t group, float scale, std::vector<float>& scores) {
+  constexpr int C = D / 8;
+  const int64_t len = static_cast<int64_t>(row_offsets.size());
+  scores.resize(num_heads * len);
+  for (int64_t start = 0; start < len; start += block_size) {
+    const int64_t stop = std::min(len, start + block_size);
     for (int64_t h = 0; h < num_heads; ++h) {
-      const float p = scores[h * seq_len + t];
-      const float* vh = v + (h / group) * head_dim;
-      float* a = acc.data() + h * head_dim;
-#pragma omp simd
-      for (int64_t d = 0; d < head_dim; ++d) a[d] += p * vh[d];
+      const float* qh = q + h * D;
+      const float* k = k_cache + (h / group) * D;
+      float* s = scores.data() + h * len;
+      int64_t t = start;
+      for (; t + 4 <= stop; t += 4) {
+        const float *k0 = k + row_offsets[t], *k1 = k + row_offsets[t + 1],
+                    *k2 = k + row_offsets[t + 2], *k3 = k + row_offsets[t + 3];
+        float8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+        for (int c = 0; c < C; ++c) {
+          const float8 qc = load8(qh + 8 * c);
+          a0 += qc * load8(k0 + 8 * c);
+          a1 += qc * load8(k1 + 8 * c);
+          a2 += qc * load8(k2 + 8 * c);
+          a3 += qc * load8(k3 + 8 * c);
+        }
+        s[t] = sum8(a0) * scale, s[t + 1] = sum8(a1) * scale;
+        s[t + 2] = sum8(a2) * scale, s[t + 3] = sum8(a3) * scale;
+      }
+      for (; t < stop; ++t) {
+        const float* kt = k + row_offsets[t];
+        float8 a = {};
+        for (int c = 0; c < C; ++c) a += load8(qh + 8 * c) * load8(kt + 8 * c);
+        s[t] = sum8(a) * scale;
+      }
+    }
+  }
+  std::vector<float8> acc(num_heads * C, float8{});
+  for (int64_t h = 0; h < num_heads; ++h) {
+    float* s = scores.data() + h * len;
+    const float m = *std::max_element(s, s + len);
+    float total = 0.f;
+    for (int64_t i = 0; i < len; ++i) {
+      s[i] = std::exp(s[i] - m);
+      total += s[i];
+    }
+    for (int64_t i = 0; i < len; ++i) s[i] /= total;
+  }
+  for (int64_t start = 0; start < len; start += block_size) {
+    const int64_t stop = std::min(len, start + block_size);
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const float* v = v_cache + (h / group) * D;
+      const float* s = scores.data() + h * len;
+      float8 a[C];
+      for (int c = 0; c < C; ++c) a[c] = acc[h * C + c];
+      for (int64_t i = start; i < stop; ++i) {
+        const float* vt = v + row_offsets[i];
+        for (int c = 0; c < C; ++c) a[c] += s[i] * load8(vt + 8 * c);
+      }
+      for (int c = 0; c < C; ++c) acc[h * C + c] = a[c];
     }
   }
   for (int64_t h = 0; h < num_heads; ++h)
-    for (int64_t d = 0; d < head_dim; ++d)
-      out[h * head_dim + d] = acc[h * head_dim + d] * inv_sum[h];
+    for (int c = 0; c < C; ++c) __builtin_memcpy(out + h * D + 8 * c, &acc[h * C + c], sizeof(float8));
 }
 
 }  // namespace
@@ -95,6 +133,7 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == head_dim && num_heads % num_kv_heads == 0,
               "head_dim or head counts do not match the cache");
+  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128, not ", head_dim);
   TORCH_CHECK(block_tables.size(0) >= batch && seq_lens.size(0) >= batch,
               "fewer block-table rows or seq_lens than queries");
   const int64_t width = block_tables.size(1);
@@ -108,17 +147,28 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   const float* vp = v_cache.data_ptr<float>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
+  const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc;
+    std::vector<float> scores;
+    std::vector<int64_t> row_offsets;
     for (int64_t b = begin; b < end; ++b) {
       float* o = op + b * num_heads * head_dim;
       if (lens[b] == 0) {
         std::fill(o, o + num_heads * head_dim, 0.f);
         continue;
       }
-      attend_one(o, qp + b * num_heads * head_dim, kp, vp, tables + b * table_stride, lens[b],
-                 block_size, num_heads, num_kv_heads, head_dim, static_cast<float>(scale),
-                 scores, acc);
+      // Where each context token's K/V row starts: the block table read once per sequence.
+      const int32_t* table = tables + b * table_stride;
+      row_offsets.resize(lens[b]);
+      for (int64_t t = 0; t < lens[b]; ++t)
+        row_offsets[t] = (static_cast<int64_t>(table[t / block_size]) * block_size
+                          + t % block_size) * row;
+      const float* qb = qp + b * num_heads * head_dim;
+      const float s = static_cast<float>(scale);
+      if (head_dim == 64)
+        attend_one<64>(o, qb, row_offsets, block_size, kp, vp, num_heads, group, s, scores);
+      else
+        attend_one<128>(o, qb, row_offsets, block_size, kp, vp, num_heads, group, s, scores);
     }
   });
 }

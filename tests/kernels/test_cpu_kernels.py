@@ -31,12 +31,17 @@ def decode_meta(block_tables, seq_lens) -> AttentionMetadata:
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 1)])
 @pytest.mark.parametrize("block_size", [16, 5])
-def test_decode_attention_matches_reference(gen, kernels, num_heads, num_kv_heads, block_size):
+@pytest.mark.parametrize("head_dim", [64, 128, 32])  # 32: not built, the torch path
+def test_decode_attention_matches_reference(gen, kernels, num_heads, num_kv_heads, block_size,
+                                            head_dim):
     seq_lens = [1, 37, block_size, 3 * block_size + 1, 200]  # partial and exact last blocks
-    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, block_size, num_kv_heads, 64,
+    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, block_size, num_kv_heads, head_dim,
                                               torch.float32, "cpu")
-    q = randn(gen, len(seq_lens), num_heads, 64, dtype=torch.float32, device="cpu")
-    attention = CpuAttention(num_heads, num_kv_heads, 64, kernels)
+    if head_dim not in cpu_kernels.DECODE_HEAD_DIMS:  # the torch path reads whole blocks
+        k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)
+        tables = tables.where(tables < k_cache.shape[0], 0)
+    q = randn(gen, len(seq_lens), num_heads, head_dim, dtype=torch.float32, device="cpu")
+    attention = CpuAttention(num_heads, num_kv_heads, head_dim, kernels)
     out = attention._decode(q, k_cache, v_cache, decode_meta(tables, lens))
     assert_close(out, paged_decode_attention_ref(q, k_cache, v_cache, tables, lens,
                                                  attention.scale))
@@ -75,6 +80,10 @@ def test_decode_attention_rejects_bad_arguments(gen, kernels):
         kernels.paged_decode_attention(out, q, k_cache, v_cache, tables.long(), lens, 1.0)
     with pytest.raises(RuntimeError, match="does not fit the block table"):
         kernels.paged_decode_attention(out, q, k_cache, v_cache, tables[:, :1], lens, 1.0)
+    with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
+        kernels.paged_decode_attention(out[..., :32].contiguous(), q[..., :32].contiguous(),
+                                       k_cache[..., :32].contiguous(), v_cache[..., :32].contiguous(),
+                                       tables, lens, 1.0)
     with pytest.raises(RuntimeError, match="head counts"):
         kernels.paged_decode_attention(torch.empty(1, 3, 64), q[:, :3].contiguous(), k_cache,
                                        v_cache, tables, lens, 1.0)
