@@ -271,9 +271,12 @@ void silu_and_mul(torch::Tensor out, torch::Tensor x) {
   });
 }
 
+// The GIL is released while a kernel runs (as torch's own ops do), so the server's event
+// loop thread keeps running beside the engine thread.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention);
-  m.def("rms_norm", &rms_norm);
-  m.def("rotary", &rotary);
-  m.def("silu_and_mul", &silu_and_mul);
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("paged_decode_attention", &paged_decode_attention, no_gil);
+  m.def("rms_norm", &rms_norm, no_gil);
+  m.def("rotary", &rotary, no_gil);
+  m.def("silu_and_mul", &silu_and_mul, no_gil);
 }

@@ -124,3 +124,36 @@ def test_other_dtypes_fall_back_to_torch(gen, kernels):
     x = randn(gen, 4, 64, dtype=torch.bfloat16, device="cpu")
     weight = randn(gen, 64, dtype=torch.bfloat16, device="cpu")
     assert torch.equal(CpuOps(kernels).rms_norm(x, weight, 1e-5), TorchOps.rms_norm(x, weight, 1e-5))
+
+
+def test_kernels_release_the_gil(gen, kernels):
+    """A Python thread (the server's event loop) keeps running inside a kernel call."""
+    import threading
+    import time
+
+    k_cache, v_cache, tables, lens = paged_kv(gen, [12000] * 8, 16, 4, 128, torch.float32, "cpu")
+    q = randn(gen, 8, 16, 128, dtype=torch.float32, device="cpu")
+    out = torch.empty_like(q)
+    ticks, stop = [], threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    calls = []
+    try:
+        for _ in range(5):
+            start = time.perf_counter()
+            kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens, 0.1)
+            calls.append((start, time.perf_counter()))
+    finally:
+        stop.set()
+        counter.join()
+    # Ticks strictly inside a call (5 ms margins): none if the call held the GIL.
+    inside = sum(start + 0.005 < t < end - 0.005 for t in ticks for start, end in calls)
+    longest = max(end - start for start, end in calls)
+    assert longest > 0.02, f"calls too short to tell ({longest:.3f} s)"
+    assert inside >= 5, f"{inside} ticks of the other thread inside the kernel calls"
