@@ -7,15 +7,19 @@ ninja): callers then keep the plain-torch path, which computes the same thing.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
+import platform
 
 log = logging.getLogger(__name__)
 
 SOURCE = os.path.join(os.path.dirname(__file__), "ops.cpp")
-# -march=native: the build runs on the machine that uses it (and is cached per source hash).
 # paged_decode_attention is built for these head sizes (templates in ops.cpp).
 DECODE_HEAD_DIMS = (64, 128)
+# -march=native: built for the CPU that runs it. -ffast-math lets GCC vectorize exp()
+# (glibc's vector math) and reorder sums; it is a compile flag only, so the library does
+# not switch the process to flush-to-zero when it loads.
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 
 
@@ -24,8 +28,19 @@ def load():
     """The compiled kernels module, or None (logged) if this machine cannot build it."""
     try:
         from torch.utils import cpp_extension
-        return cpp_extension.load(name="tokenwire_cpu_ops", sources=[SOURCE],
+        return cpp_extension.load(name=f"tokenwire_cpu_ops_{_cpu_id()}", sources=[SOURCE],
                                   extra_cflags=FLAGS, extra_ldflags=["-fopenmp"])
     except Exception as exc:  # a missing compiler or ninja raises several types
         log.warning("CPU kernels unavailable, using plain torch ops: %s", exc)
         return None
+
+
+def _cpu_id() -> str:
+    """A short hash of this CPU's instruction-set flags: a cache shared between machines
+    (an NFS home) keeps one -march=native build per kind of CPU, never the wrong one."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return hashlib.sha1((platform.machine() + flags).encode()).hexdigest()[:10]

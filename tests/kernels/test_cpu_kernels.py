@@ -157,3 +157,10 @@ def test_kernels_release_the_gil(gen, kernels):
     longest = max(end - start for start, end in calls)
     assert longest > 0.02, f"calls too short to tell ({longest:.3f} s)"
     assert inside >= 5, f"{inside} ticks of the other thread inside the kernel calls"
+
+
+def test_build_is_cached_per_kind_of_cpu(kernels):
+    """The cache key includes this CPU's instruction-set flags (-march=native builds)."""
+    cpu_id = cpu_kernels._cpu_id()
+    assert cpu_id == cpu_kernels._cpu_id() and len(cpu_id) == 10
+    assert kernels.__name__ == f"tokenwire_cpu_ops_{cpu_id}"
