@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <optional>
 #include <vector>
 
@@ -139,13 +138,21 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   const int64_t width = block_tables.size(1);
   const int64_t table_stride = block_tables.stride(0);
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  for (int64_t b = 0; b < batch; ++b)
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int64_t num_blocks = k_cache.size(0);
+  for (int64_t b = 0; b < batch; ++b) {
     TORCH_CHECK(lens[b] >= 0 && lens[b] <= width * block_size,
                 "seq_len ", lens[b], " does not fit the block table");
+    // A bad block id would read outside the cache: refuse it here instead.
+    for (int64_t j = 0; j * block_size < lens[b]; ++j) {
+      const int32_t id = tables[b * table_stride + j];
+      TORCH_CHECK(id >= 0 && id < num_blocks, "block id ", id, " of sequence ", b,
+                  " is outside the cache (", num_blocks, " blocks)");
+    }
+  }
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {

@@ -80,6 +80,11 @@ def test_decode_attention_rejects_bad_arguments(gen, kernels):
         kernels.paged_decode_attention(out, q, k_cache, v_cache, tables.long(), lens, 1.0)
     with pytest.raises(RuntimeError, match="does not fit the block table"):
         kernels.paged_decode_attention(out, q, k_cache, v_cache, tables[:, :1], lens, 1.0)
+    for bad_id in (-1, k_cache.shape[0]):  # the second block of 20 tokens, in use
+        bad = tables.clone()
+        bad[0, 1] = bad_id
+        with pytest.raises(RuntimeError, match=f"block id {bad_id} of sequence 0 is outside"):
+            kernels.paged_decode_attention(out, q, k_cache, v_cache, bad, lens, 1.0)
     with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
         kernels.paged_decode_attention(out[..., :32].contiguous(), q[..., :32].contiguous(),
                                        k_cache[..., :32].contiguous(), v_cache[..., :32].contiguous(),
