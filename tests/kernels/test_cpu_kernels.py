@@ -29,6 +29,14 @@ def decode_meta(block_tables, seq_lens) -> AttentionMetadata:
         seq_lens_host=lens)
 
 
+def readable_by_torch_backend(k_cache, v_cache, tables):
+    """The torch backend reads whole blocks up to the longest context, as the engine's
+    tables allow (unused entries 0, every slot finite); it masks what it must not use.
+    Undo paged_kv's NaN poison and out-of-range unused entries for it."""
+    return (k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0),
+            tables.where(tables < k_cache.shape[0], 0))
+
+
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 1)])
 @pytest.mark.parametrize("block_size", [16, 5])
 @pytest.mark.parametrize("head_dim", [64, 128, 32])  # 32: not built, the torch path
@@ -37,9 +45,8 @@ def test_decode_attention_matches_reference(gen, kernels, num_heads, num_kv_head
     seq_lens = [1, 37, block_size, 3 * block_size + 1, 200]  # partial and exact last blocks
     k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, block_size, num_kv_heads, head_dim,
                                               torch.float32, "cpu")
-    if head_dim not in cpu_kernels.DECODE_HEAD_DIMS:  # the torch path reads whole blocks
-        k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)
-        tables = tables.where(tables < k_cache.shape[0], 0)
+    if head_dim not in cpu_kernels.DECODE_HEAD_DIMS:  # not built: the torch path
+        k_cache, v_cache, tables = readable_by_torch_backend(k_cache, v_cache, tables)
     q = randn(gen, len(seq_lens), num_heads, head_dim, dtype=torch.float32, device="cpu")
     attention = CpuAttention(num_heads, num_kv_heads, head_dim, kernels)
     out = attention._decode(q, k_cache, v_cache, decode_meta(tables, lens))
@@ -60,10 +67,7 @@ def test_decode_attention_agrees_with_torch_backend(gen, kernels):
     """Same metadata through both engine backends (the torch one gathers rows)."""
     k_cache, v_cache, tables, lens = paged_kv(gen, [17, 64, 5], 16, 3, 64, torch.float32, "cpu",
                                               extra_cols=0)
-    # The torch backend reads whole blocks up to the longest context, as the engine's
-    # tables allow (unused entries 0, every slot finite); it masks what it must not use.
-    k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)
-    tables = tables.where(tables < k_cache.shape[0], 0)
+    k_cache, v_cache, tables = readable_by_torch_backend(k_cache, v_cache, tables)
     q = randn(gen, 3, 9, 64, dtype=torch.float32, device="cpu")
     meta = decode_meta(tables, lens)
     expected = TorchAttention(9, 3, 64)._decode(q, k_cache, v_cache, meta)
