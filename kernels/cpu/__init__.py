@@ -1,4 +1,5 @@
-"""C++ CPU kernels for fp32 decode steps (ops.cpp), built with torch's extension loader
+"""C++ CPU kernels for fp32 (ops.cpp: decode attention and pointwise ops; linear.cpp: the
+projections' matmul on packed weights), built with torch's extension loader
 at first use and cached (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).
 
 `load()` returns the built module, or None where it cannot be built (no C++ compiler or
@@ -14,7 +15,7 @@ import platform
 
 log = logging.getLogger(__name__)
 
-SOURCE = os.path.join(os.path.dirname(__file__), "ops.cpp")
+SOURCES = [os.path.join(os.path.dirname(__file__), name) for name in ("ops.cpp", "linear.cpp")]
 # paged_decode_attention is built for these head sizes (templates in ops.cpp).
 DECODE_HEAD_DIMS = (64, 128)
 # -march=native: built for the CPU that runs it. -ffast-math lets GCC vectorize exp()
@@ -28,7 +29,7 @@ def load():
     """The compiled kernels module, or None (logged) if this machine cannot build it."""
     try:
         from torch.utils import cpp_extension
-        return cpp_extension.load(name=f"tokenwire_cpu_ops_{_cpu_id()}", sources=[SOURCE],
+        return cpp_extension.load(name=f"tokenwire_cpu_ops_{_cpu_id()}", sources=SOURCES,
                                   extra_cflags=FLAGS, extra_ldflags=["-fopenmp"])
     except Exception as exc:  # a missing compiler or ninja raises several types
         log.warning("CPU kernels unavailable, using plain torch ops: %s", exc)

@@ -1,6 +1,7 @@
 // CPU kernels for fp32 decode steps: paged decode attention straight from the block
 // table, and the pointwise ops (RMSNorm with residual add, rotary, SiLU-and-mul) each
-// in one pass. Built at first use by kernels/cpu/__init__.py with -march=native.
+// in one pass (the projections' matmul is in linear.cpp). Built at first use by
+// kernels/cpu/__init__.py with -march=native.
 //
 // Why: at decode's few rows per step, torch's versions of these are many small ops
 // (gathers, 96 tiny GEMMs per layer, ~10 elementwise kernels per norm) whose
@@ -14,28 +15,20 @@
 #include <optional>
 #include <vector>
 
-namespace {
+#include "common.h"
+#include "linear.h"
 
-void check_fp32_contiguous(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
-  TORCH_CHECK(t.scalar_type() == torch::kFloat32, name, " must be float32");
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-}
+using tokenwire::check_fp32_contiguous;
+using tokenwire::float8;
+using tokenwire::load8;
+
+namespace {
 
 inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
-}
-
-// 8 floats: GCC/Clang vector extensions, compiled to whatever SIMD -march=native offers.
-typedef float float8 __attribute__((vector_size(32)));
-
-inline float8 load8(const float* p) {
-  float8 v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
 }
 
 inline float sum8(float8 v) {
@@ -286,4 +279,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, no_gil);
   m.def("rotary", &rotary, no_gil);
   m.def("silu_and_mul", &silu_and_mul, no_gil);
+  m.def("pack_linear_weight", &tokenwire::pack_linear_weight, no_gil);
+  m.def("packed_linear", &tokenwire::packed_linear, no_gil);
 }

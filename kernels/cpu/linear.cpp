@@ -1,0 +1,115 @@
+// y = x W^T (+ b) in fp32 on a weight packed once into panels of 16 output columns.
+//
+// Why not oneDNN: at a decode step's few rows every weight streams from memory once per
+// step, and on the 2-core Zen 3 CI box oneDNN's AVX2 matmul ran these shapes at 60-98
+// GFLOP/s against 100-125 for this loop (BENCHMARKS.md); at prefill's 2048 rows it is
+// level or ahead. Packing makes each panel one contiguous stream in the order the loop
+// reads it, which the hardware prefetcher follows.
+//
+// The inner tile is the classic register-blocked one: kRows rows of x against one panel,
+// kRows x 16 sums in 2*kRows vector registers, each k step one broadcast per row and two
+// panel loads. The panel (16 x K floats) stays in L1/L2 while every row tile reads it.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "common.h"
+#include "linear.h"
+
+namespace tokenwire {
+namespace {
+
+constexpr int64_t kPanel = 16;  // output columns per panel: two 8-float vectors
+constexpr int kRows = 6;        // rows per tile: 12 accumulators + 2 panel + 1 broadcast registers
+
+// rows x panel: out[r][c] = sum_k x[r][k] * panel[k][c] (+ bias[c]), c < cols (<= 16).
+template <int R>
+void tile(const float* x, int64_t k_dim, const float* panel, const float* bias, float* out,
+          int64_t out_stride, int64_t cols) {
+  float8 acc[R][2] = {};
+  for (int64_t k = 0; k < k_dim; ++k) {
+    const float8 w0 = load8(panel + k * kPanel), w1 = load8(panel + k * kPanel + 8);
+    for (int r = 0; r < R; ++r) {
+      const float8 xr = float8{} + x[r * k_dim + k];
+      acc[r][0] += xr * w0;
+      acc[r][1] += xr * w1;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* o = out + r * out_stride;
+    if (bias && cols == kPanel) acc[r][0] += load8(bias), acc[r][1] += load8(bias + 8);
+    if (cols == kPanel) {
+      store8(o, acc[r][0]);
+      store8(o + 8, acc[r][1]);
+      continue;
+    }
+    float row[kPanel];  // the last, partial panel
+    store8(row, acc[r][0]);
+    store8(row + 8, acc[r][1]);
+    for (int64_t c = 0; c < cols; ++c) o[c] = bias ? row[c] + bias[c] : row[c];
+  }
+}
+
+// All rows of x against one panel, kRows at a time, then the 1..kRows-1 left over.
+void rows_by_panel(const float* x, int64_t m, int64_t k_dim, const float* panel,
+                   const float* bias, float* out, int64_t n, int64_t cols) {
+  int64_t r = 0;
+  for (; r + kRows <= m; r += kRows)
+    tile<kRows>(x + r * k_dim, k_dim, panel, bias, out + r * n, n, cols);
+  const float* xr = x + r * k_dim;
+  float* o = out + r * n;
+  switch (m - r) {
+    case 1: tile<1>(xr, k_dim, panel, bias, o, n, cols); break;
+    case 2: tile<2>(xr, k_dim, panel, bias, o, n, cols); break;
+    case 3: tile<3>(xr, k_dim, panel, bias, o, n, cols); break;
+    case 4: tile<4>(xr, k_dim, panel, bias, o, n, cols); break;
+    case 5: tile<5>(xr, k_dim, panel, bias, o, n, cols); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+at::Tensor pack_linear_weight(const at::Tensor& weight) {
+  check_fp32_contiguous(weight, "weight");
+  TORCH_CHECK(weight.dim() == 2, "weight must be [out_features, in_features]");
+  const int64_t n = weight.size(0), k_dim = weight.size(1);
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  at::Tensor padded = at::zeros({panels * kPanel, k_dim}, weight.options());
+  padded.narrow(0, 0, n).copy_(weight);
+  return padded.view({panels, kPanel, k_dim}).transpose(1, 2).contiguous();
+}
+
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed,
+                         const std::optional<at::Tensor>& bias, int64_t out_features) {
+  check_fp32_contiguous(x, "x");
+  check_fp32_contiguous(packed, "packed weight");
+  TORCH_CHECK(x.dim() == 2, "x must be [rows, in_features]");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanel && packed.size(1) == x.size(1),
+              "packed weight [panels, ", x.size(1), ", ", kPanel, "] expected, got ",
+              packed.sizes());
+  const int64_t m = x.size(0), k_dim = x.size(1), n = out_features;
+  TORCH_CHECK(n > (packed.size(0) - 1) * kPanel && n <= packed.size(0) * kPanel,
+              "out_features ", n, " does not match ", packed.size(0), " panels");
+  const float* bp = nullptr;
+  if (bias) {
+    check_fp32_contiguous(*bias, "bias");
+    TORCH_CHECK(bias->numel() == n, "bias must have out_features elements");
+    bp = bias->data_ptr<float>();
+  }
+  at::Tensor out = at::empty({m, n}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = packed.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  // Threads split the panels: each streams its own part of the weight once.
+  at::parallel_for(0, packed.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t col = p * kPanel;
+      rows_by_panel(xp, m, k_dim, wp + p * k_dim * kPanel, bp ? bp + col : nullptr,
+                    op + col, n, std::min(kPanel, n - col));
+    }
+  });
+  return out;
+}
+
+}  // namespace tokenwire
