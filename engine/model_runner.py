@@ -5,6 +5,7 @@ Inputs for a step are built once on the host and copied to the device in one go
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from engine.attention import AttentionMetadata, TorchAttention
 from engine.config import EngineConfig
 from engine.cpu_backend import CpuAttention, CpuOps
 from engine.cuda_graphs import DecodeGraphs
+from engine.linear import Linear
 from engine.loader import LoadedModel
 from engine.models.llama import LlamaModel
 from engine.ops import TorchOps
@@ -35,7 +37,7 @@ class ModelRunner:
         c = loaded.config
         attention, ops = self._backends(c)
         self.model = LlamaModel(c, loaded.weights, attention, ops, max_positions=max_model_len,
-                                prepack_linears=config.cpu_weight_prepack)
+                                make_linear=self._linear_factory(ops))
         self.sampler = Sampler(config.seed)
         self.block_size = config.block_size
         # A dummy model may have more vocab rows than the tokenizer: never sample those.
@@ -59,6 +61,15 @@ class ModelRunner:
                 raise RuntimeError("attention_backend='cpu': the C++ kernels failed to build "
                                    "(see the warning above; needs a C++ compiler and ninja)")
         return TorchAttention(c.num_heads, c.num_kv_heads, c.head_dim), TorchOps
+
+    def _linear_factory(self, ops):
+        """How projections are built: on CPU in fp32 with cpu_weight_prepack, weights are
+        packed once at load for the C++ matmul (oneDNN's reorder without the C++ kernels)."""
+        if not self.config.cpu_weight_prepack:
+            return Linear
+        if isinstance(ops, CpuOps) and self.dtype == torch.float32:
+            return ops.linear
+        return functools.partial(Linear, prepack=True)
 
     def kv_bytes_per_block(self, c) -> int:
         return 2 * c.num_layers * self.block_size * c.num_kv_heads * c.head_dim * \

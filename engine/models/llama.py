@@ -1,11 +1,13 @@
 """A compact Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2).
 
-Projections are engine.linear.Linear layers, with q/k/v and gate/up fused for fewer,
-larger matmuls (and prepacked for oneDNN on CPU when asked).
+Projections are callables made by `make_linear(weight, bias)` (engine.linear.Linear, or
+the C++ packed-weight matmul on CPU), with q/k/v and gate/up fused for fewer, larger
+matmuls.
 All tokens of a step are flattened into one [T, hidden] batch; attention is paged.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,32 +22,33 @@ from engine.ops import TorchOps, build_cos_sin_cache
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: Linear  # hidden -> (H + 2*Hkv) * D, with bias (Qwen2)
+    qkv: Callable  # hidden -> (H + 2*Hkv) * D, with bias (Qwen2)
     q_norm: torch.Tensor | None  # [D] (Qwen3)
     k_norm: torch.Tensor | None
-    o_proj: Linear  # H*D -> hidden
+    o_proj: Callable  # H*D -> hidden
     post_norm: torch.Tensor
-    gate_up: Linear  # hidden -> 2*inter
-    down: Linear  # inter -> hidden
+    gate_up: Callable  # hidden -> 2*inter
+    down: Callable  # inter -> hidden
 
 
 class LlamaModel:
     """Forward pass over flattened tokens; returns final hidden states [T, hidden].
 
-    prepack_linears: reorder the projection weights for oneDNN (CPU fp32 only; see
-    engine.linear). The tied lm_head then keeps its own packed copy of the embedding.
+    make_linear(weight, bias=None): builds each projection (engine.linear.Linear by
+    default). One that repacks the weight gives a tied lm_head its own packed copy of the
+    embedding.
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention,
-                 ops=TorchOps, max_positions: int | None = None, prepack_linears: bool = False):
+                 ops=TorchOps, max_positions: int | None = None, make_linear=Linear):
         self.config = config
         self.attention = attention
         self.ops = ops
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
         head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
-        self.lm_head = Linear(head, prepack=prepack_linears)
-        self.layers = [_layer_weights(weights, i, config, prepack_linears)
+        self.lm_head = make_linear(head)
+        self.layers = [_layer_weights(weights, i, config, make_linear)
                        for i in range(config.num_layers)]
         self.cos_sin_cache = build_cos_sin_cache(
             max_positions or config.max_position_embeddings, config.head_dim,
@@ -90,7 +93,7 @@ class LlamaModel:
 
 
 def _layer_weights(w: dict[str, torch.Tensor], i: int, c: ModelConfig,
-                   prepack: bool) -> LayerWeights:
+                   make_linear) -> LayerWeights:
     p = f"model.layers.{i}."
     attn = p + "self_attn."
     qkv = torch.cat([w[attn + n + "_proj.weight"] for n in "qkv"])
@@ -99,9 +102,9 @@ def _layer_weights(w: dict[str, torch.Tensor], i: int, c: ModelConfig,
         bias = torch.cat([w[attn + n + "_proj.bias"] for n in "qkv"])
     gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
     return LayerWeights(
-        input_norm=w[p + "input_layernorm.weight"], qkv=Linear(qkv, bias, prepack),
+        input_norm=w[p + "input_layernorm.weight"], qkv=make_linear(qkv, bias),
         q_norm=w.get(attn + "q_norm.weight"), k_norm=w.get(attn + "k_norm.weight"),
-        o_proj=Linear(w[attn + "o_proj.weight"], prepack=prepack),
+        o_proj=make_linear(w[attn + "o_proj.weight"]),
         post_norm=w[p + "post_attention_layernorm.weight"],
-        gate_up=Linear(gate_up, prepack=prepack),
-        down=Linear(w[p + "mlp.down_proj.weight"], prepack=prepack))
+        gate_up=make_linear(gate_up),
+        down=make_linear(w[p + "mlp.down_proj.weight"]))

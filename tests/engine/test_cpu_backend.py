@@ -1,12 +1,14 @@
 """The engine on the C++ CPU kernels (attention_backend auto/cpu on CPU): chosen by
-default, and the same greedy tokens as the plain-torch backend on the default model."""
+default, projections included, and the same greedy tokens as the plain-torch backend on
+the default model."""
 
 import pytest
 
 import kernels.cpu as cpu_kernels
 from engine import LLM, SamplingParams
-from engine.cpu_backend import CpuAttention, CpuOps
+from engine.cpu_backend import CpuAttention, CpuLinear, CpuOps
 from engine.errors import InvalidRequestError
+from engine.linear import Linear
 
 needs_kernels = pytest.mark.skipif(cpu_kernels.load() is None,
                                    reason="the C++ kernels did not build here")
@@ -20,6 +22,19 @@ PROMPTS = [PREFIX + [7, 8, 9], [11, 12, 13, 14, 15], PREFIX + list(range(500, 52
 def test_auto_uses_cpu_kernels_on_cpu(llm):
     assert isinstance(llm.core.runner.model.attention, CpuAttention)
     assert isinstance(llm.core.runner.model.ops, CpuOps)
+    model = llm.core.runner.model
+    assert isinstance(model.lm_head, CpuLinear) and isinstance(model.layers[0].gate_up, CpuLinear)
+
+
+@needs_kernels
+@pytest.mark.parametrize("backend,prepack,kind", [("torch", True, "onednn"),
+                                                  ("cpu", False, "plain"),
+                                                  ("torch", False, "plain")])
+def test_projections_follow_backend_and_prepack(backend, prepack, kind):
+    engine = LLM(model="dummy:tiny", device="cpu", attention_backend=backend,
+                 cpu_weight_prepack=prepack, num_kv_blocks=8)
+    qkv = engine.core.runner.model.layers[0].qkv
+    assert isinstance(qkv, Linear) and qkv.prepacked == (kind == "onednn")
 
 
 @needs_kernels
