@@ -23,8 +23,9 @@ def expected(x, weight, bias):
     return F.linear(x.double(), weight.double(), None if bias is None else bias.double()).float()
 
 
-# rows: 0, each remainder of the 6-row tile (1-5, 7), decode's 32, a prefill-sized 100.
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 6, 7, 32, 100])
+# rows: 0, each remainder of the 6-row tile (1-5, 7), decode's 32 and 100 (prefetching the
+# next panel), 300 (row blocks of 108 and 42 rows at in_features 576 and 1536, last partial).
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 6, 7, 32, 100, 300])
 @pytest.mark.parametrize("out_features,in_features", [(48, 64), (100, 576), (17, 1536)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_matches_f_linear(gen, kernels, rows, out_features, in_features, with_bias):
