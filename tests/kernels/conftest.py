@@ -3,6 +3,8 @@ import os
 import pytest
 import torch
 
+import kernels.cpu as cpu_kernels
+
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -21,3 +23,12 @@ def device() -> str:
 def gen() -> torch.Generator:
     """A seeded CPU generator: fresh random inputs per test, reproducible across runs."""
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The built C++ CPU kernels module; the test is skipped where they cannot build."""
+    built = cpu_kernels.load()
+    if built is None:
+        pytest.skip("the C++ kernels did not build here (no compiler or ninja)")
+    return built

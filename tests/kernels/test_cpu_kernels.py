@@ -12,14 +12,6 @@ import kernels.cpu as cpu_kernels
 from kernels.paged_decode_attention import paged_decode_attention_ref
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    built = cpu_kernels.load()
-    if built is None:
-        pytest.skip("the C++ kernels did not build here (no compiler or ninja)")
-    return built
-
-
 def decode_meta(block_tables, seq_lens) -> AttentionMetadata:
     lens = seq_lens.tolist()
     return AttentionMetadata(
