@@ -54,13 +54,17 @@ def run(args: argparse.Namespace) -> int:
             device = llm.engine_config.resolved_device()
             dtype = llm.engine_config.resolved_dtype()
             prompts = random_prompts(len(llm.tokenizer), workload, args.seed)
+            # Warm-up prompts of their own: warming up on the timed prompts would leave
+            # their blocks in our prefix cache (HF has none) and skip part of the prefill.
+            warmup = random_prompts(len(llm.tokenizer), Workload(2, args.input_len, 4),
+                                    args.seed + 1)
         timings.setdefault("tokenwire", []).append(
-            _time_engine_against_ceiling(llm, prompts, workload, device, dtype))
+            _time_engine_against_ceiling(llm, prompts, warmup, workload, device, dtype))
         del llm  # free the KV pool before the peers load their own copy of the weights
         _empty_cache(device)
         for peer in _peers(args.peers, device):
             timings.setdefault(f"HF {peer}", []).append(
-                _time_peer(peer, args, device, dtype, prompts))
+                _time_peer(peer, args, device, dtype, prompts, warmup))
     rows = {name: _best(runs) for name, runs in timings.items()}
     report = _report(args, device, dtype, rows, timings["tokenwire"])
     print(_format(report))
@@ -89,14 +93,15 @@ def random_prompts(vocab: int, w: Workload, seed: int) -> list[list[int]]:
             for _ in range(w.num_prompts)]
 
 
-def _time_engine_against_ceiling(llm: LLM, prompts, w: Workload, device, dtype) -> dict:
+def _time_engine_against_ceiling(llm: LLM, prompts, warmup, w: Workload, device,
+                                 dtype) -> dict:
     """One timed engine round with the box's peak probed just before and just after it.
 
     The 2-core box's speed drifts by a third over minutes (neighbours on the host), so a
     round is held against the peak of its own moment; the better of the two probes, since
     a neighbour's burst during one would lower the ceiling and flatter the fraction."""
     before = measure_hardware(device, dtype)
-    row = _time_engine(llm, prompts, w.output_len)
+    row = _time_engine(llm, prompts, warmup, w.output_len)
     hw = best_of(before, measure_hardware(device, dtype))
     ceiling = (compute_ceiling(llm.model_config, w, hw) if device.type == "cpu" else
                bandwidth_ceiling(llm.model_config, w, hw, torch.tensor([], dtype=dtype).element_size()))
@@ -107,20 +112,22 @@ def _time_engine_against_ceiling(llm: LLM, prompts, w: Workload, device, dtype) 
     return row
 
 
-def _time_engine(llm: LLM, prompts, output_len: int) -> dict:
+def _time_engine(llm: LLM, prompts, warmup, output_len: int) -> dict:
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
-    llm.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+    llm.generate(warmup, SamplingParams(max_tokens=4, ignore_eos=True))
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     seconds = time.perf_counter() - start
-    return _row(sum(len(o.token_ids) for o in outs), seconds)
+    row = _row(sum(len(o.token_ids) for o in outs), seconds)
+    row["cached_prompt_tokens"] = sum(o.num_cached_tokens for o in outs)
+    return row
 
 
-def _time_peer(peer: str, args, device, dtype, prompts) -> dict:
+def _time_peer(peer: str, args, device, dtype, prompts, warmup) -> dict:
     model = hf_peers.load_hf_model(args.model, device, dtype)
     if peer == "static":
         batch = args.hf_batch_size or len(prompts)
-        hf_peers.run_static(model, prompts[:2], 4, 2)  # warm-up
+        hf_peers.run_static(model, warmup, 4, 2)
         tokens, seconds = hf_peers.run_static(model, prompts, args.output_len, batch)
     else:
         tokens, seconds = hf_peers.run_continuous_batching(model, prompts, args.output_len)
