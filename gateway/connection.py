@@ -43,6 +43,7 @@ class Connection:
         self.inflight = InflightCounter()
         self.outbox = Outbox(rt.config.max_pending_frames)
         self._engine_ids = itertools.count()
+        self._background: set[asyncio.Task] = set()
         self._handlers = {p.Chat: self._on_chat, p.Generate: self._on_generate,
                           p.Cancel: self._on_cancel, p.SessionUpdate: self._on_session_update,
                           p.Ping: self._on_ping}
@@ -84,8 +85,15 @@ class Connection:
             task.cancel()  # cancel_requested stays False: the cancellation re-raises
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _spawn(self, coro) -> None:
+        """Run coro beside the socket's tasks, holding a reference until it ends: the event
+        loop keeps only weak ones, so an unreferenced task can be collected mid-run."""
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _on_stuck(self) -> None:
-        asyncio.create_task(self._close_stuck())
+        self._spawn(self._close_stuck())
 
     async def _close_stuck(self) -> None:
         """Offer a close frame for a second, then drop the connection whatever happened:
@@ -199,7 +207,7 @@ class Connection:
         reply = {"type": "session.updated", "session_id": record.session_id,
                  "system": record.system, "params": record.params,
                  "history_length": len(record.messages)}
-        asyncio.create_task(self._save(reply))
+        self._spawn(self._save(reply))
 
     async def _save(self, reply: dict | None = None, request_id: str | None = None) -> bool:
         error = await self.rt.sessions.save(self.session)
