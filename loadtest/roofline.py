@@ -1,9 +1,11 @@
 """What the hardware allows: measured matmul peak and copy bandwidth, and the workload's
 ceiling in output tokens/s derived from them.
 
-CPU: the workload is compute-bound, so the ceiling is total FLOPs / measured matmul peak,
+CPU: the workload is compute-bound, so the ceiling is total FLOPs / measured matmul rate,
 counting 2 x parameters per processed token (prompt and output alike, as the issue that set
-the target counts them) plus attention.
+the target counts them) plus attention. Two rates: the burst (the best single 2048^3 matmul)
+and the sustained (matmuls back to back for a couple of seconds). On a shared VM they
+differ by up to half (host neighbours), and a run of many seconds sees the sustained one.
 GPU: decode is bandwidth-bound (weights + the batch's KV read once per step) and prefill is
 compute-bound; the ceiling adds the two times.
 """
@@ -17,8 +19,17 @@ import torch
 
 @dataclass
 class Hardware:
-    matmul_flops: float  # measured dense matmul FLOP/s in the benchmark dtype
+    matmul_flops: float  # measured dense matmul FLOP/s in the benchmark dtype: best single
     copy_bytes_per_s: float  # measured device copy bandwidth (read + write)
+    sustained_matmul_flops: float  # the same matmul back to back over SUSTAIN_S
+
+    def sustained(self) -> "Hardware":
+        """This hardware with its sustained matmul rate as the peak."""
+        return Hardware(self.sustained_matmul_flops, self.copy_bytes_per_s,
+                        self.sustained_matmul_flops)
+
+
+SUSTAIN_S = 2.0
 
 
 @dataclass
@@ -33,15 +44,20 @@ def measure_hardware(device: torch.device, dtype: torch.dtype) -> Hardware:
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     matmul_s = _best_time(lambda: torch.mm(a, b), device)
+    sustained_s = _mean_time(lambda: torch.mm(a, b), device, SUSTAIN_S)
     src = torch.empty(256 * 2**20 // 4, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
     copy_s = _best_time(lambda: dst.copy_(src), device)
-    return Hardware(2 * n ** 3 / matmul_s, 2 * src.numel() * 4 / copy_s)
+    return Hardware(2 * n ** 3 / matmul_s, 2 * src.numel() * 4 / copy_s, 2 * n ** 3 / sustained_s)
 
 
-def best_of(a: Hardware, b: Hardware) -> Hardware:
-    return Hardware(max(a.matmul_flops, b.matmul_flops),
-                    max(a.copy_bytes_per_s, b.copy_bytes_per_s))
+def around(before: Hardware, after: Hardware) -> Hardware:
+    """What a run between two measurements had: the better burst figures (a neighbour's
+    burst during one probe would otherwise lower the ceiling and flatter the fraction),
+    and the mean of the two sustained rates."""
+    return Hardware(max(before.matmul_flops, after.matmul_flops),
+                    max(before.copy_bytes_per_s, after.copy_bytes_per_s),
+                    (before.sustained_matmul_flops + after.sustained_matmul_flops) / 2)
 
 
 def _best_time(fn, device: torch.device, repeats: int = 5) -> float:
@@ -54,6 +70,20 @@ def _best_time(fn, device: torch.device, repeats: int = 5) -> float:
         _sync(device)
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def _mean_time(fn, device: torch.device, seconds: float) -> float:
+    """Mean seconds per call of fn run back to back for about `seconds`."""
+    fn()
+    _sync(device)
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        _sync(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return elapsed / calls
 
 
 def _sync(device: torch.device) -> None:
