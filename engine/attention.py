@@ -42,9 +42,11 @@ class TorchAttention:
     def __call__(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]; stores k/v into the cache first."""
         k_cache, v_cache = kv_cache
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = torch.empty_like(q)
+        self._store(k, v, k_cache, v_cache, meta.slot_mapping)
         nd = meta.num_decodes
+        if nd == q.shape[0]:  # a decode-only step: no prefill rows to place beside them
+            return self._decode(q, k_cache, v_cache, meta)
+        out = torch.empty_like(q)
         if nd:
             out[:nd] = self._decode(q[:nd], k_cache, v_cache, meta)
         start = nd
@@ -57,6 +59,9 @@ class TorchAttention:
                 out[span] = self._extend(q[span], k_cache, v_cache, meta.block_tables[b], seq_len)
             start += q_len
         return out
+
+    def _store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        store_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def _decode(self, q, k_cache, v_cache, meta):
         """One query per request against its paged context, as two batched matmuls with

@@ -15,11 +15,17 @@ from kernels.cpu import DECODE_HEAD_DIMS
 class CpuAttention(TorchAttention):
     """TorchAttention with decode rows read straight from the paged cache in C++
     (no gathered copy of the context; each K/V block read from memory once for all
-    query heads). Other dtypes and head sizes keep the torch path."""
+    query heads) and new K/V rows stored in one C++ call. Other dtypes and head sizes
+    keep the torch path."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels):
         super().__init__(num_heads, num_kv_heads, head_dim)
         self.kernels = kernels
+
+    def _store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        if k_cache.dtype != torch.float32:
+            return super()._store(k, v, k_cache, v_cache, slot_mapping)
+        self.kernels.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata):
         if q.dtype != torch.float32 or self.head_dim not in DECODE_HEAD_DIMS:

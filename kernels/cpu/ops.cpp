@@ -1,7 +1,7 @@
 // CPU kernels for fp32 decode steps: paged decode attention straight from the block
-// table, and the pointwise ops (RMSNorm with residual add, rotary, SiLU-and-mul) each
-// in one pass (the projections' matmul is in linear.cpp). Built at first use by
-// kernels/cpu/__init__.py with -march=native.
+// table, the store of new K/V rows into the cache, and the pointwise ops (RMSNorm with
+// residual add, rotary, SiLU-and-mul) each in one pass (the projections' matmul is in
+// linear.cpp). Built at first use by kernels/cpu/__init__.py with -march=native.
 //
 // Why: at decode's few rows per step, torch's versions of these are many small ops
 // (gathers, 96 tiny GEMMs per layer, ~10 elementwise kernels per norm) whose
@@ -173,6 +173,46 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   });
 }
 
+// New tokens' K/V rows into their cache slots: k/v [T, Hkv, D] (token rows may be strided,
+// as the views of a fused qkv projection are; each row's heads contiguous) into
+// k/v_cache [num_blocks, block_size, Hkv, D] at slot_mapping [T] int64 (-1: padding, not
+// stored). One call per layer instead of two index_copy_ dispatches (the same copy).
+void store_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
+              torch::Tensor slot_mapping) {
+  check_fp32_contiguous(k_cache, "k_cache");
+  check_fp32_contiguous(v_cache, "v_cache");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "caches must be [num_blocks, block_size, Hkv, D] and alike");
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  const int64_t row = k_cache.size(2) * k_cache.size(3);
+  for (auto* t : {&k, &v}) {
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == torch::kFloat32, "k/v must be CPU float32");
+    TORCH_CHECK(t->dim() == 3 && t->size(1) * t->size(2) == row && t->size(2) == k_cache.size(3),
+                "k/v must be [T, Hkv, D] matching the cache");
+    TORCH_CHECK(t->stride(2) == 1 && t->stride(1) == t->size(2), "k/v heads must be contiguous rows");
+  }
+  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
+              slot_mapping.dim() == 1, "slot_mapping must be contiguous int64 [T]");
+  const int64_t tokens = slot_mapping.numel();
+  TORCH_CHECK(k.size(0) == tokens && v.size(0) == tokens, "one slot per k/v row");
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(slots[t] >= -1 && slots[t] < num_slots, "slot ", slots[t], " is outside the cache (",
+                num_slots, " slots)");
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  const int64_t k_stride = k.stride(0), v_stride = v.stride(0);
+  at::parallel_for(0, tokens, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      if (slots[t] < 0) continue;
+      std::copy_n(kp + t * k_stride, row, kc + slots[t] * row);
+      std::copy_n(vp + t * v_stride, row, vc + slots[t] * row);
+    }
+  });
+}
+
 // Rows of x [..., D]: out = weight * x / sqrt(mean(x^2) + eps). With a residual:
 // x + residual is written to new_residual first and normalized.
 void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor weight, double eps,
@@ -276,6 +316,7 @@ void silu_and_mul(torch::Tensor out, torch::Tensor x) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
   m.def("paged_decode_attention", &paged_decode_attention, no_gil);
+  m.def("store_kv", &store_kv, no_gil);
   m.def("rms_norm", &rms_norm, no_gil);
   m.def("rotary", &rotary, no_gil);
   m.def("silu_and_mul", &silu_and_mul, no_gil);

@@ -90,6 +90,42 @@ def test_decode_attention_rejects_bad_arguments(gen, kernels):
                                        v_cache, tables, lens, 1.0)
 
 
+def test_store_kv_writes_strided_rows_to_their_slots_and_skips_padding(gen, kernels):
+    # k and v as the model has them: views into one fused qkv row per token (strided).
+    qkv = randn(gen, 7, (4 + 2 + 2) * 64, dtype=torch.float32, device="cpu")
+    k = qkv[:, 4 * 64:6 * 64].view(7, 2, 64)
+    v = qkv[:, 6 * 64:].view(7, 2, 64)
+    slots = torch.randperm(5 * 4, generator=gen)[:7]
+    slots[3] = -1  # padding: not stored
+    shape = (5, 4, 2, 64)
+    k_cache, v_cache = (randn(gen, *shape, dtype=torch.float32, device="cpu") for _ in range(2))
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    kept = slots >= 0
+    TorchAttention(4, 2, 64)._store(k[kept], v[kept], k_ref, v_ref, slots[kept])
+    CpuAttention(4, 2, 64, kernels)._store(k, v, k_cache, v_cache, slots)
+    # Bit-exact: written slots hold the new rows, every other slot is untouched.
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+def test_store_kv_rejects_bad_arguments(gen, kernels):
+    k = randn(gen, 3, 2, 64, dtype=torch.float32, device="cpu")
+    k_cache = torch.zeros(2, 4, 2, 64)
+    v_cache = torch.zeros_like(k_cache)
+    slots = torch.tensor([0, 1, 2])
+    for bad_slot in (-2, 8):
+        with pytest.raises(RuntimeError, match=f"slot {bad_slot} is outside the cache"):
+            kernels.store_kv(k, k, k_cache, v_cache, torch.tensor([0, bad_slot, 2]))
+    with pytest.raises(RuntimeError, match="int64"):
+        kernels.store_kv(k, k, k_cache, v_cache, slots.int())
+    with pytest.raises(RuntimeError, match="one slot per k/v row"):
+        kernels.store_kv(k, k, k_cache, v_cache, slots[:2])
+    with pytest.raises(RuntimeError, match="heads must be contiguous"):
+        kernels.store_kv(k.transpose(1, 2).contiguous().transpose(1, 2), k, k_cache, v_cache, slots)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.store_kv(k.double(), k, k_cache, v_cache, slots)
+    assert not k_cache.any() and not v_cache.any()  # nothing written by a refused call
+
+
 @pytest.mark.parametrize("shape", [(5, 96), (33, 576), (7, 3, 64)])
 def test_rms_norm_matches_torch_ops(gen, kernels, shape):
     x, residual = (randn(gen, *shape, dtype=torch.float32, device="cpu") for _ in range(2))
