@@ -15,17 +15,22 @@ SUBCOMMANDS = {
     "bench": ("loadtest.offline_bench", "offline throughput, side by side with HF transformers"),
     "loadtest": ("loadtest.cli", "drive a running server over WebSocket or HTTP"),
 }
+# Subcommands whose torch threads share the cores with an event loop (and, under load,
+# clients): OpenMP workers that spin at barriers steal those cores, passive ones yield
+# them (on a busy 2-core box an engine step went from 2.0 s to 0.64 s). The offline bench
+# has nothing to yield to, and passive workers sleep between the hundreds of kernel calls
+# of a step and wake late: spinning briefly (libgomp's default) its engine ran 3-24%
+# faster in each of 5 paired runs (11.8-15.9 s against 14.9-16.7 s passive).
+PASSIVE_OPENMP = {"serve", "loadtest"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Before torch loads: OpenMP workers that spin at barriers steal the cores the event
-    # loop (and, under load, the other workers) need; passive ones yield them. On a busy
-    # 2-core box this took an engine step from 2.0 s to 0.64 s.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = sys.argv[1:] if argv is None else argv
+    chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    if chosen in PASSIVE_OPENMP:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads
     parser = argparse.ArgumentParser(prog="tokenwire", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text)
         if name == chosen:
