@@ -63,3 +63,21 @@ def paged_kv(gen, seq_lens: list[int], block_size: int, num_kv_heads: int, head_
         v_cache[blocks, offsets] = torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype)
     seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
     return (k_cache.to(device), v_cache.to(device), tables.to(device), seq_lens_t.to(device))
+
+
+def ragged(gen, seq_lens, q_lens, num_heads, num_kv_heads, head_dim, dtype, device,
+           block_size, lead_rows=0):
+    """Paged contexts plus q [lead_rows + sum(q_lens), H, D] and query_start_loc."""
+    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, block_size, num_kv_heads,
+                                              head_dim, dtype, device)
+    starts = torch.tensor([0] + q_lens).cumsum(0) + lead_rows
+    q = randn(gen, lead_rows + sum(q_lens), num_heads, head_dim, dtype=dtype, device=device)
+    return q, k_cache, v_cache, tables, starts.to(torch.int32).to(device), lens
+
+
+def readable_by_torch_backend(k_cache, v_cache, tables):
+    """The torch backend reads whole blocks up to the longest context, as the engine's
+    tables allow (unused entries 0, every slot finite); it masks what it must not use.
+    Undo paged_kv's NaN poison and out-of-range unused entries for it."""
+    return (k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0),
+            tables.where(tables < k_cache.shape[0], 0))

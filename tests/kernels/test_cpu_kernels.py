@@ -7,7 +7,7 @@ import torch
 from engine.attention import AttentionMetadata, TorchAttention
 from engine.cpu_backend import CpuAttention, CpuOps
 from engine.ops import TorchOps, build_cos_sin_cache
-from kernel_cases import assert_close, paged_kv, randn
+from kernel_cases import assert_close, paged_kv, randn, readable_by_torch_backend
 import kernels.cpu as cpu_kernels
 from kernels.paged_decode_attention import paged_decode_attention_ref
 
@@ -19,14 +19,6 @@ def decode_meta(block_tables, seq_lens) -> AttentionMetadata:
         seq_lens=seq_lens, query_start_loc=torch.arange(len(lens) + 1, dtype=torch.int32),
         num_decodes=len(lens), max_seq_len=max(lens), query_lens_host=[1] * len(lens),
         seq_lens_host=lens)
-
-
-def readable_by_torch_backend(k_cache, v_cache, tables):
-    """The torch backend reads whole blocks up to the longest context, as the engine's
-    tables allow (unused entries 0, every slot finite); it masks what it must not use.
-    Undo paged_kv's NaN poison and out-of-range unused entries for it."""
-    return (k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0),
-            tables.where(tables < k_cache.shape[0], 0))
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 1)])

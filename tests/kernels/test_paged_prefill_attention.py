@@ -1,19 +1,9 @@
 import pytest
 import torch
 
-from kernel_cases import assert_close, gpu, nan_like, paged_kv, randn
+from kernel_cases import assert_close, gpu, nan_like, ragged
 from kernels.paged_decode_attention import paged_decode_attention
 from kernels.paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
-
-
-def ragged(gen, seq_lens, q_lens, num_heads, num_kv_heads, head_dim, dtype, device,
-           block_size, lead_rows=0):
-    """Paged contexts plus q [lead_rows + sum(q_lens), H, D] and query_start_loc."""
-    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, block_size, num_kv_heads,
-                                              head_dim, dtype, device)
-    starts = torch.tensor([0] + q_lens).cumsum(0) + lead_rows
-    q = randn(gen, lead_rows + sum(q_lens), num_heads, head_dim, dtype=dtype, device=device)
-    return q, k_cache, v_cache, tables, starts.to(torch.int32).to(device), lens
 
 
 def run_case(gen, device, seq_lens, q_lens, num_heads, num_kv_heads, head_dim, dtype,
