@@ -49,8 +49,14 @@ class TorchAttention:
         out = torch.empty_like(q)
         if nd:
             out[:nd] = self._decode(q[:nd], k_cache, v_cache, meta)
-        start = nd
-        for b in range(nd, len(meta.seq_lens_host)):
+        self._prefill(q, k, v, k_cache, v_cache, meta, out)
+        return out
+
+    def _prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, out) -> None:
+        """Rows of the prefill/extend requests (after the decodes) into out, one request at
+        a time: a whole prompt from its own new K/V, an extend from the cache."""
+        start = meta.num_decodes
+        for b in range(meta.num_decodes, len(meta.seq_lens_host)):
             q_len, seq_len = meta.query_lens_host[b], meta.seq_lens_host[b]
             span = slice(start, start + q_len)
             if q_len == seq_len:  # no cached prefix: the new tokens are the whole context
@@ -58,7 +64,6 @@ class TorchAttention:
             else:
                 out[span] = self._extend(q[span], k_cache, v_cache, meta.block_tables[b], seq_len)
             start += q_len
-        return out
 
     def _store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         store_kv(k, v, k_cache, v_cache, slot_mapping)

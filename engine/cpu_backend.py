@@ -9,14 +9,14 @@ import torch
 
 from engine.attention import AttentionMetadata, TorchAttention
 from engine.ops import TorchOps
-from kernels.cpu import DECODE_HEAD_DIMS
+from kernels.cpu import ATTENTION_HEAD_DIMS
 
 
 class CpuAttention(TorchAttention):
-    """TorchAttention with decode rows read straight from the paged cache in C++
-    (no gathered copy of the context; each K/V block read from memory once for all
-    query heads) and new K/V rows stored in one C++ call. Other dtypes and head sizes
-    keep the torch path."""
+    """TorchAttention with decode and prefill/extend rows read straight from the paged
+    cache in C++ (no gathered or per-head repeated copy of the context; each K/V row read
+    once for all query heads of its group; all prefill requests in one call) and new K/V
+    rows stored in one C++ call. Other dtypes and head sizes keep the torch path."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels):
         super().__init__(num_heads, num_kv_heads, head_dim)
@@ -27,8 +27,16 @@ class CpuAttention(TorchAttention):
             return super()._store(k, v, k_cache, v_cache, slot_mapping)
         self.kernels.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
+    def _prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, out) -> None:
+        if q.dtype != torch.float32 or self.head_dim not in ATTENTION_HEAD_DIMS:
+            return super()._prefill(q, k, v, k_cache, v_cache, meta, out)
+        nd = meta.num_decodes
+        self.kernels.paged_prefill_attention(out, q, k_cache, v_cache, meta.block_tables[nd:],
+                                             meta.query_start_loc[nd:], meta.seq_lens[nd:],
+                                             self.scale)
+
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata):
-        if q.dtype != torch.float32 or self.head_dim not in DECODE_HEAD_DIMS:
+        if q.dtype != torch.float32 or self.head_dim not in ATTENTION_HEAD_DIMS:
             return super()._decode(q, k_cache, v_cache, meta)
         out = torch.empty_like(q)
         self.kernels.paged_decode_attention(out, q, k_cache, v_cache, meta.block_tables,

@@ -1,6 +1,7 @@
 """C++ CPU kernels for fp32 (ops.cpp: decode attention and pointwise ops; linear.cpp: the
-projections' matmul on packed weights), built with torch's extension loader
-at first use and cached (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).
+projections' matmul on packed weights; prefill_attention.cpp: prefill/extend attention),
+built with torch's extension loader at first use and cached (TORCH_EXTENSIONS_DIR,
+default ~/.cache/torch_extensions).
 
 `load()` returns the built module, or None where it cannot be built (no C++ compiler or
 ninja): callers then keep the plain-torch path, which computes the same thing.
@@ -15,9 +16,9 @@ import platform
 
 log = logging.getLogger(__name__)
 
-SOURCES = [os.path.join(os.path.dirname(__file__), name) for name in ("ops.cpp", "linear.cpp")]
-# paged_decode_attention is built for these head sizes (templates in ops.cpp).
-DECODE_HEAD_DIMS = (64, 128)
+SOURCES = [os.path.join(os.path.dirname(__file__), name) for name in ("ops.cpp", "linear.cpp", "prefill_attention.cpp")]
+# paged_decode/prefill_attention are built for these head sizes (templates).
+ATTENTION_HEAD_DIMS = (64, 128)
 # -march=native: built for the CPU that runs it. -ffast-math lets GCC vectorize exp()
 # (glibc's vector math) and reorder sums; it is a compile flag only, so the library does
 # not switch the process to flush-to-zero when it loads.

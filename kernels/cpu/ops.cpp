@@ -17,6 +17,7 @@
 
 #include "common.h"
 #include "linear.h"
+#include "prefill_attention.h"
 
 using tokenwire::check_fp32_contiguous;
 using tokenwire::float8;
@@ -316,6 +317,7 @@ void silu_and_mul(torch::Tensor out, torch::Tensor x) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
   m.def("paged_decode_attention", &paged_decode_attention, no_gil);
+  m.def("paged_prefill_attention", &tokenwire::paged_prefill_attention, no_gil);
   m.def("store_kv", &store_kv, no_gil);
   m.def("rms_norm", &rms_norm, no_gil);
   m.def("rotary", &rotary, no_gil);

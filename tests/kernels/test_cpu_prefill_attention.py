@@ -1,0 +1,86 @@
+"""The C++ paged prefill/extend attention (kernels/cpu/prefill_attention.cpp) against the
+plain-torch reference and the engine's torch backend, on NaN-poisoned paged caches."""
+
+import pytest
+import torch
+
+from engine.attention import AttentionMetadata, TorchAttention
+from engine.cpu_backend import CpuAttention
+from kernel_cases import (assert_close, nan_like, paged_kv, ragged, randn,
+                          readable_by_torch_backend)
+from kernels.paged_prefill_attention import paged_prefill_attention_ref
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 1)])
+@pytest.mark.parametrize("block_size", [16, 5])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_matches_reference_ragged(gen, kernels, num_heads, num_kv_heads, block_size, head_dim):
+    # an extend over a cached prefix, whole prompts (one spanning several 16-token query
+    # chunks and key tiles), one-token extends and prompts, partial last blocks; three
+    # decode rows ahead of them that must stay untouched.
+    args = ragged(gen, [70, 37, 9, 1, 200, 33], [30, 37, 1, 1, 45, 33], num_heads,
+                  num_kv_heads, head_dim, torch.float32, "cpu", block_size, lead_rows=3)
+    q, k_cache, v_cache, tables, starts, lens = args
+    out = nan_like(q)
+    kernels.paged_prefill_attention(out, q, k_cache, v_cache, tables, starts, lens,
+                                    head_dim ** -0.5)
+    assert out[:3].isnan().all()
+    assert_close(out[3:], paged_prefill_attention_ref(*args, head_dim ** -0.5)[3:])
+
+
+def test_no_sequences_or_empty_queries_write_nothing(gen, kernels):
+    q, k_cache, v_cache, tables, starts, lens = ragged(gen, [20, 9], [0, 9], 4, 2, 64,
+                                                       torch.float32, "cpu", 16)
+    out = nan_like(q)
+    kernels.paged_prefill_attention(out, q, k_cache, v_cache, tables[:0], starts[:1], lens[:0], 0.1)
+    assert out.isnan().all()
+    kernels.paged_prefill_attention(out, q, k_cache, v_cache, tables, starts, lens, 0.1)
+    assert_close(out, paged_prefill_attention_ref(q, k_cache, v_cache, tables, starts, lens, 0.1))
+
+
+def test_mixed_step_agrees_with_torch_backend(gen, kernels):
+    """A step as the engine builds it (two decodes, a whole prompt, an extend over a cached
+    prefix) through both backends' __call__: the torch one runs SDPA per request."""
+    seq_lens, q_lens = [40, 7, 50, 90], [1, 1, 50, 20]
+    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, 16, 3, 64, torch.float32, "cpu",
+                                              extra_cols=0)
+    k_cache, v_cache, tables = readable_by_torch_backend(k_cache, v_cache, tables)
+    tokens = sum(q_lens)
+    q = randn(gen, tokens, 9, 64, dtype=torch.float32, device="cpu")
+    k, v = (randn(gen, tokens, 3, 64, dtype=torch.float32, device="cpu") for _ in range(2))
+    slots = [int(tables[b, p // 16]) * 16 + p % 16 for b, (s, n) in enumerate(zip(seq_lens, q_lens))
+             for p in range(s - n, s)]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots), block_tables=tables, seq_lens=lens,
+        query_start_loc=torch.tensor([0] + q_lens).cumsum(0).int(), num_decodes=2,
+        max_seq_len=max(seq_lens), query_lens_host=q_lens, seq_lens_host=seq_lens)
+    expected = TorchAttention(9, 3, 64)(q, k, v, (k_cache.clone(), v_cache.clone()), meta)
+    out = CpuAttention(9, 3, 64, kernels)(q, k, v, (k_cache, v_cache), meta)
+    assert_close(out, expected)
+
+
+def test_rejects_bad_arguments(gen, kernels):
+    q, k_cache, v_cache, tables, starts, lens = ragged(gen, [20, 4], [3, 4], 4, 2, 64,
+                                                       torch.float32, "cpu", 16)
+    out = torch.empty_like(q)
+    call = kernels.paged_prefill_attention
+    with pytest.raises(RuntimeError, match="float32"):
+        call(out, q.double(), k_cache, v_cache, tables, starts, lens, 1.0)
+    with pytest.raises(RuntimeError, match="int32"):
+        call(out, q, k_cache, v_cache, tables, starts.long(), lens, 1.0)
+    with pytest.raises(RuntimeError, match="batch \\+ 1 entries"):
+        call(out, q, k_cache, v_cache, tables, starts[:2], lens, 1.0)
+    with pytest.raises(RuntimeError, match="outside q"):
+        call(out[:5], q[:5], k_cache, v_cache, tables, starts, lens, 1.0)
+    with pytest.raises(RuntimeError, match="shorter than its queries"):
+        call(out, q, k_cache, v_cache, tables, starts, torch.tensor([2, 4], dtype=torch.int32), 1.0)
+    bad = tables.clone()
+    bad[0, 1] = k_cache.shape[0]  # the second block of 20 tokens, in use
+    with pytest.raises(RuntimeError, match="block id .* of sequence 0 is outside the cache"):
+        call(out, q, k_cache, v_cache, bad, starts, lens, 1.0)
+    with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
+        call(out[..., :32].contiguous(), q[..., :32].contiguous(), k_cache[..., :32].contiguous(),
+             v_cache[..., :32].contiguous(), tables, starts, lens, 1.0)
+    with pytest.raises(RuntimeError, match="head counts"):
+        call(torch.empty(7, 3, 64), q[:, :3].contiguous(), k_cache, v_cache, tables, starts,
+             lens, 1.0)
