@@ -1,0 +1,102 @@
+"""CPU prefill/extend attention, the engine's two backends side by side in one run:
+torch (SDPA per request over gathered, head-repeated K/V) and cpu (the C++ kernel reading
+the paged cache). Checks both give the same output first, then prints the best-of-N time
+per layer call, GFLOP/s and the ratio.
+
+    python -m loadtest.attention_bench            # SmolLM2-135M's heads (9 q, 3 kv, D 64)
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import kernels.cpu as cpu_kernels
+from engine.attention import AttentionMetadata, TorchAttention, store_kv
+from engine.cpu_backend import CpuAttention
+
+# (what, context lengths, new tokens per request): the bench workload's prefill step, a
+# long first turn, and a chat turn over a long cached history.
+CASES = [("16 prompts x 128 tokens", [128] * 16, [128] * 16),
+         ("one 2048-token prompt", [2048], [2048]),
+         ("32 new tokens over 2048 cached", [2080], [32])]
+
+
+def paged_step(seq_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size=16, seed=0):
+    """q/k/v of one step's new tokens, caches with scattered blocks holding every context
+    token's K/V (the new ones included), and metadata."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = [-(-n // block_size) for n in seq_lens]
+    ids = torch.randperm(sum(blocks), generator=gen).int()
+    tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32)
+    for b, start in enumerate(torch.tensor([0] + blocks).cumsum(0)[:-1].tolist()):
+        tables[b, :blocks[b]] = ids[start:start + blocks[b]]
+    shape = (sum(blocks), block_size, num_kv_heads, head_dim)
+    caches = tuple(torch.randn(shape, generator=gen) for _ in range(2))
+    tokens = sum(q_lens)
+    q = torch.randn(tokens, num_heads, head_dim, generator=gen)
+    k, v = (torch.randn(tokens, num_kv_heads, head_dim, generator=gen) for _ in range(2))
+    slots = torch.tensor([int(tables[b, p // block_size]) * block_size + p % block_size
+                          for b, (s, n) in enumerate(zip(seq_lens, q_lens)) for p in range(s - n, s)])
+    store_kv(k, v, *caches, slots)  # as a step does before attention
+    meta = AttentionMetadata(
+        slot_mapping=slots, block_tables=tables,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=torch.tensor([0] + q_lens).cumsum(0).int(), num_decodes=0,
+        max_seq_len=max(seq_lens), query_lens_host=q_lens, seq_lens_host=seq_lens)
+    return q, k, v, caches, meta
+
+
+def causal_flops(seq_lens, q_lens, num_heads, head_dim) -> float:
+    """QK^T and PV over the visible query-key pairs."""
+    pairs = sum(n * (s - n) + n * (n + 1) / 2 for s, n in zip(seq_lens, q_lens))
+    return 4.0 * pairs * num_heads * head_dim
+
+
+def best_seconds(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def run_case(kernels, seq_lens, q_lens, heads, repeats) -> dict[str, float]:
+    """Best seconds per call of each backend's prefill path, after checking they agree."""
+    q, k, v, (k_cache, v_cache), meta = paged_step(seq_lens, q_lens, *heads)
+    backends = {"torch": TorchAttention(*heads), "cpu": CpuAttention(*heads, kernels)}
+    outs = {name: torch.empty_like(q) for name in backends}
+    calls = {name: (lambda a=a, o=outs[name]: a._prefill(q, k, v, k_cache, v_cache, meta, o))
+             for name, a in backends.items()}
+    for call in calls.values():
+        call()
+    torch.testing.assert_close(outs["cpu"], outs["torch"], rtol=1e-4, atol=1e-4)
+    return {name: best_seconds(call, repeats) for name, call in calls.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--heads", type=int, nargs=3, default=[9, 3, 64],
+                   metavar=("HEADS", "KV_HEADS", "HEAD_DIM"))
+    p.add_argument("--repeats", type=int, default=20)
+    args = p.parse_args(argv)
+    kernels = cpu_kernels.load()
+    if kernels is None:
+        raise SystemExit("the C++ CPU kernels did not build here")
+    print(f"prefill attention per layer call, {torch.get_num_threads()} threads, heads "
+          f"{args.heads[0]}/{args.heads[1]}, head_dim {args.heads[2]}, fp32")
+    print(f"{'case':<32}{'torch ms':>10}{'cpu ms':>9}{'torch GF/s':>12}{'cpu GF/s':>10}{'speed-up':>10}")
+    for what, seq_lens, q_lens in CASES:
+        t = run_case(kernels, seq_lens, q_lens, args.heads, args.repeats)
+        flops = causal_flops(seq_lens, q_lens, args.heads[0], args.heads[2])
+        print(f"{what:<32}{1e3 * t['torch']:>10.2f}{1e3 * t['cpu']:>9.2f}"
+              f"{flops / t['torch'] / 1e9:>12.1f}{flops / t['cpu'] / 1e9:>10.1f}"
+              f"{t['torch'] / t['cpu']:>9.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
