@@ -1,7 +1,8 @@
 // CPU kernels for fp32 decode steps: paged decode attention straight from the block
 // table, the store of new K/V rows into the cache, and the pointwise ops (RMSNorm with
 // residual add, rotary, SiLU-and-mul) each in one pass (the projections' matmul is in
-// linear.cpp). Built at first use by kernels/cpu/__init__.py with -march=native.
+// linear.cpp, prefill attention in prefill_attention.cpp; this file holds the module's
+// bindings). Built at first use by kernels/cpu/__init__.py with -march=native.
 //
 // Why: at decode's few rows per step, torch's versions of these are many small ops
 // (gathers, 96 tiny GEMMs per layer, ~10 elementwise kernels per norm) whose

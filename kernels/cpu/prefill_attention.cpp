@@ -161,7 +161,7 @@ void attend_item(const Args& a, const Item& it, Scratch& s) {
 // context), once per call: every query chunk of a sequence reads the same tiles, and
 // transposing them per chunk took a fifth of the kernel's time at 128-2048 tokens.
 //    k_tiles: | seq 0: tile 0 [Hkv][D][kKeys] | tile 1 ... | seq 1: tile 0 ... |
-void transpose_keys(Args& a, int64_t batch, std::vector<float>& buffer) {
+at::Tensor transpose_keys(Args& a, int64_t batch) {
   std::vector<std::pair<int64_t, int64_t>> tiles;  // (sequence, tile)
   a.tile_base.assign(batch + 1, 0);
   for (int64_t b = 0; b < batch; ++b) {
@@ -169,20 +169,24 @@ void transpose_keys(Args& a, int64_t batch, std::vector<float>& buffer) {
     for (int64_t t = 0; t < count; ++t) tiles.emplace_back(b, t);
     a.tile_base[b + 1] = a.tile_base[b] + count;
   }
-  buffer.resize(a.tile_base[batch] * a.num_kv_heads * a.head_dim * kKeys);
-  a.k_tiles = buffer.data();
+  // Every element is written below: no need to zero it first.
+  const int64_t tile_floats = a.num_kv_heads * a.head_dim * kKeys;
+  at::Tensor buffer = at::empty({a.tile_base[batch] * tile_floats}, at::kFloat);
+  a.k_tiles = buffer.data_ptr<float>();
   const int64_t row = a.num_kv_heads * a.head_dim;
   at::parallel_for(0, static_cast<int64_t>(tiles.size()), 8, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const auto [b, t] = tiles[i];
       float* dst = a.key_tile(b, 0, t);  // all heads of the tile: [Hkv][D][kKeys]
       for (int64_t j = 0; j < kKeys; ++j) {
-        const bool inside = t * kKeys + j < a.lens[b];
-        const float* src = inside ? a.k_cache + a.row_offset(b, t * kKeys + j) * a.head_dim : nullptr;
+        const int64_t pos = t * kKeys + j;
+        const bool inside = pos < a.lens[b];
+        const float* src = inside ? a.k_cache + a.row_offset(b, pos) * a.head_dim : nullptr;
         for (int64_t hd = 0; hd < row; ++hd) dst[hd * kKeys + j] = inside ? src[hd] : 0.f;
       }
     }
   });
+  return buffer;
 }
 
 void check_args(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
@@ -196,9 +200,11 @@ void check_args(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
               "head_dim or head counts do not match the cache");
   TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128, "head_dim must be 64 or 128, not ", q.size(2));
   for (auto* t : {&block_tables, &query_start_loc, &seq_lens})
-    TORCH_CHECK(t->scalar_type() == at::kInt, "block_tables, query_start_loc and seq_lens must be int32");
+    TORCH_CHECK(t->scalar_type() == at::kInt,
+                "block_tables, query_start_loc and seq_lens must be int32");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.stride(1) == 1 && seq_lens.is_contiguous() &&
-              query_start_loc.is_contiguous(), "block_tables rows, seq_lens and query_start_loc must be contiguous");
+              query_start_loc.is_contiguous(),
+              "block_tables rows, seq_lens and query_start_loc must be contiguous");
   const int64_t batch = seq_lens.numel();
   TORCH_CHECK(query_start_loc.numel() == batch + 1 && block_tables.size(0) >= batch,
               "query_start_loc must have batch + 1 entries and block_tables a row per sequence");
@@ -232,8 +238,7 @@ void paged_prefill_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
             query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
             block_tables.stride(0), k_cache.size(1), q.size(1), num_kv_heads,
             q.size(1) / num_kv_heads, q.size(2), static_cast<float>(scale)};
-  std::vector<float> k_tiles;
-  transpose_keys(args, seq_lens.numel(), k_tiles);
+  const at::Tensor k_tiles = transpose_keys(args, seq_lens.numel());  // held until the end
   // Causal items differ in work by up to the context length over kChunk (the last chunk of
   // a long prompt reads all of it), so threads take the next item as they finish, not a
   // fixed share. Items of one KV head run in a row (its K/V stay in cache), later chunks
