@@ -36,6 +36,16 @@ class LiveSession:
         system = [{"role": "system", "content": self.record.system}] if self.record.system else []
         return system + self.record.messages
 
+    @classmethod
+    def from_store(cls, record: SessionRecord) -> "LiveSession":
+        """A session no socket holds, as stored. A stored history that ends with a user turn
+        was saved by a server that died during that turn (every turn that ends is saved
+        with its reply, or without its question): its client never got `done`, so the
+        question is dropped, as for a turn that ends with no reply."""
+        live = cls(record)
+        live.end_turn("")
+        return live
+
     def end_turn(self, reply: str) -> None:
         """Close the active turn: the reply joins the history, or an empty one drops the
         user turn so the history never holds a question without its answer."""
@@ -74,7 +84,7 @@ class SessionRegistry:
         live = self._live.get(session_id)
         if live is None:
             record = await self.store.load(session_id)
-            live = LiveSession(record) if record is not None else None
+            live = LiveSession.from_store(record) if record is not None else None
         if live is None or live.record.owner != owner:
             return None
         return live

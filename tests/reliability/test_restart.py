@@ -5,17 +5,18 @@ import asyncio
 
 import aiohttp
 
-from .harness import chat, connect, history
+from .harness import chat, connect, history, recv
 
 NUM_SESSIONS = 20
 TURNS_BEFORE = 3
 
 
-async def _hold_session(http, server, index: int) -> tuple[str, list[dict]]:
+async def _hold_session(http, server, index: int,
+                        turns: int = TURNS_BEFORE) -> tuple[str, list[dict]]:
     """Open a session, run its turns; returns (session_id, the history the client saw)."""
     ws, hello = await connect(http, server)
     expected = []
-    for turn in range(TURNS_BEFORE):
+    for turn in range(turns):
         content = f"Session {index}, turn {turn}: name a colour."
         text, end = await chat(ws, f"t{turn}", content)
         assert end["type"] == "done", end
@@ -25,6 +26,18 @@ async def _hold_session(http, server, index: int) -> tuple[str, list[dict]]:
     assert await history(ws) == expected
     await ws.close()
     return hello["session_id"], expected
+
+
+async def _hold_mid_turn(http, server) -> tuple[str, list[dict]]:
+    """A session with one finished turn and a second one still streaming: its client has
+    seen deltas but no `done`, so the history it may expect after a crash is the first turn."""
+    session_id, expected = await _hold_session(http, server, NUM_SESSIONS, turns=1)
+    ws, _ = await connect(http, server, session_id)
+    await ws.send_json({"type": "chat", "id": "cut", "content": "Tell me a long story.",
+                        "params": {"max_tokens": 2000, "ignore_eos": True}})
+    while (await recv(ws))["type"] != "delta":
+        pass
+    return session_id, expected
 
 
 async def _resume(http, server, session_id: str, expected: list[dict]) -> dict:
@@ -47,10 +60,14 @@ async def test_sessions_resume_after_kill9(spawn, tmp_path, figures):
     async with aiohttp.ClientSession() as http:
         held = await asyncio.gather(*(_hold_session(http, server, i)
                                       for i in range(NUM_SESSIONS)))
+        cut_session = await _hold_mid_turn(http, server)
         server.kill9()
         server.start()  # same port, same store file
         results = await asyncio.gather(*(_resume(http, server, sid, expected)
                                          for sid, expected in held))
+        # The turn the kill cut off is not in the history (no question without its answer),
+        # and the session goes on.
+        cut = await _resume(http, server, *cut_session)
     intact = [r for r in results if r["resumed"] and r["same_id"] and r["history_ok"]]
     warm = [r for r in results if r["cached"][1] > 0]
     figures("restart (kill -9) with 20 sessions x 3 turns", tried=NUM_SESSIONS,
@@ -59,4 +76,5 @@ async def test_sessions_resume_after_kill9(spawn, tmp_path, figures):
                   f"restart hit the prefix cache in {len(warm)}/{NUM_SESSIONS} sessions "
                   f"(cached tokens min {min(r['cached'][1] for r in results)})")
     assert len(intact) == NUM_SESSIONS, [r for r in results if r not in intact]
+    assert cut["resumed"] and cut["history_ok"], cut
     assert len(warm) == NUM_SESSIONS, [r["cached"] for r in results]
