@@ -8,13 +8,13 @@ per layer call, GFLOP/s and the ratio.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 import kernels.cpu as cpu_kernels
 from engine.attention import AttentionMetadata, TorchAttention, store_kv
 from engine.cpu_backend import CpuAttention
+from loadtest.roofline import best_time
 
 # (what, context lengths, new tokens per request): the bench workload's prefill step, a
 # long first turn, and a chat turn over a long cached history.
@@ -54,16 +54,6 @@ def causal_flops(seq_lens, q_lens, num_heads, head_dim) -> float:
     return 4.0 * pairs * num_heads * head_dim
 
 
-def best_seconds(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def run_case(kernels, seq_lens, q_lens, heads, repeats) -> dict[str, float]:
     """Best seconds per call of each backend's prefill path, after checking they agree."""
     q, k, v, (k_cache, v_cache), meta = paged_step(seq_lens, q_lens, *heads)
@@ -74,7 +64,7 @@ def run_case(kernels, seq_lens, q_lens, heads, repeats) -> dict[str, float]:
     for call in calls.values():
         call()
     torch.testing.assert_close(outs["cpu"], outs["torch"], rtol=1e-4, atol=1e-4)
-    return {name: best_seconds(call, repeats) for name, call in calls.items()}
+    return {name: best_time(call, q.device, repeats) for name, call in calls.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,11 +43,11 @@ def measure_hardware(device: torch.device, dtype: torch.dtype) -> Hardware:
     n = 2048 if device.type == "cpu" else 8192
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    matmul_s = _best_time(lambda: torch.mm(a, b), device)
+    matmul_s = best_time(lambda: torch.mm(a, b), device)
     sustained_s = _mean_time(lambda: torch.mm(a, b), device, SUSTAIN_S)
     src = torch.empty(256 * 2**20 // 4, device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
-    copy_s = _best_time(lambda: dst.copy_(src), device)
+    copy_s = best_time(lambda: dst.copy_(src), device)
     return Hardware(2 * n ** 3 / matmul_s, 2 * src.numel() * 4 / copy_s, 2 * n ** 3 / sustained_s)
 
 
@@ -60,7 +60,8 @@ def around(before: Hardware, after: Hardware) -> Hardware:
                     (before.sustained_matmul_flops + after.sustained_matmul_flops) / 2)
 
 
-def _best_time(fn, device: torch.device, repeats: int = 5) -> float:
+def best_time(fn, device: torch.device, repeats: int = 5) -> float:
+    """Best seconds of `repeats` calls of fn after one warm-up call."""
     fn()
     best = float("inf")
     for _ in range(repeats):
