@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 
 import aiohttp
@@ -99,6 +100,14 @@ async def test_health_ready_models(base_url):
             assert r.status == 200 and "/v1/ws" in await r.text()
         async with s.post(base_url + "/v1/chat/completions", data=b"{oops") as r:
             assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_json"
+
+
+def test_ready_server_keeps_its_startup_heap_out_of_collections(server, base_url):
+    # A full collection would walk the model's objects with the GIL held, stalling every
+    # socket; once ready they sit in the collector's permanent generation instead.
+    model = server.engine.core.runner.model
+    assert gc.get_freeze_count() > 100_000
+    assert not any(obj is model for obj in gc.get_objects())
 
 
 def scrape_text(text: str) -> dict:
