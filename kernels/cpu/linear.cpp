@@ -6,9 +6,10 @@
 // level or ahead. Packing makes each panel one contiguous stream in the order the loop
 // reads it.
 //
-// The inner tile is the classic register-blocked one: kRows rows of x against one panel,
-// kRows x 16 sums in 2*kRows vector registers, each k step one broadcast per row and two
-// panel loads. The panel (16 x K floats) stays in L1/L2 while every row tile reads it.
+// The inner tile (panel_tile.h, shared with prefill attention) is the classic
+// register-blocked one: kRows rows of x against one panel, kRows x 16 sums in 2*kRows
+// vector registers, each k step one broadcast per row and two panel loads. The panel
+// (16 x K floats) stays in L1/L2 while every row tile reads it.
 // At a decode step's few rows only the first tile of a panel would wait on memory, so the
 // later tiles prefetch the next panel a cache line at a time, spread over their k steps:
 // the weight stream stays steady instead of stalling once per panel. At prefill's many rows
@@ -19,11 +20,11 @@
 
 #include "common.h"
 #include "linear.h"
+#include "panel_tile.h"
 
 namespace tokenwire {
 namespace {
 
-constexpr int64_t kPanel = 16;  // output columns per panel: two 8-float vectors
 constexpr int kRows = 6;        // rows per tile: 12 accumulators + 2 panel + 1 broadcast registers
 // Software prefetch up to this many rows. Measured on a whole step's projections (CI box):
 // 14% faster at 32 rows, 8% at 96, but 5% slower at 256, where the prefetched lines sit
@@ -33,47 +34,6 @@ constexpr int64_t kPrefetchMaxRows = 128;
 // against all of a thread's panels: x is then read from L2 instead of from L3 once per
 // panel (+6-10% at 2048 rows; 256 KB measured best of 128-384 KB on the 512 KB L2).
 constexpr int64_t kRowBlockBytes = 256 * 1024;
-
-// Lines (one k step of a panel: 16 floats, 64 bytes) of the next panel for one tile to
-// prefetch, one every `stride` k steps.
-struct Prefetch {
-  const float* lines = nullptr;
-  int64_t count = 0;
-  int64_t stride = 1;
-};
-
-// rows x panel: out[r][c] = sum_k x[r][k] * panel[k][c] (+ bias[c]), c < cols (<= 16).
-template <int R>
-void tile(const float* x, int64_t k_dim, const float* panel, const float* bias, float* out,
-          int64_t out_stride, int64_t cols, Prefetch prefetch = {}) {
-  float8 acc[R][2] = {};
-  int64_t next_prefetch = 0, prefetched = 0;
-  for (int64_t k = 0; k < k_dim; ++k) {
-    if (k == next_prefetch && prefetched < prefetch.count) {
-      __builtin_prefetch(prefetch.lines + kPanel * prefetched++);
-      next_prefetch += prefetch.stride;
-    }
-    const float8 w0 = load8(panel + k * kPanel), w1 = load8(panel + k * kPanel + 8);
-    for (int r = 0; r < R; ++r) {
-      const float8 xr = float8{} + x[r * k_dim + k];
-      acc[r][0] += xr * w0;
-      acc[r][1] += xr * w1;
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    float* o = out + r * out_stride;
-    if (bias && cols == kPanel) acc[r][0] += load8(bias), acc[r][1] += load8(bias + 8);
-    if (cols == kPanel) {
-      store8(o, acc[r][0]);
-      store8(o + 8, acc[r][1]);
-      continue;
-    }
-    float row[kPanel];  // the last, partial panel
-    store8(row, acc[r][0]);
-    store8(row + 8, acc[r][1]);
-    for (int64_t c = 0; c < cols; ++c) o[c] = bias ? row[c] + bias[c] : row[c];
-  }
-}
 
 // All rows of x against one panel, kRows at a time, then the 1..kRows-1 left over; the
 // full tiles after the first prefetch next_panel (nullptr: none) in equal shares.

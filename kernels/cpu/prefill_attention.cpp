@@ -25,14 +25,15 @@
 #include <vector>
 
 #include "common.h"
+#include "panel_tile.h"
 #include "prefill_attention.h"
 
 namespace tokenwire {
 namespace {
 
-constexpr int64_t kKeys = 16;   // key tile: two 8-float vectors of scores per row
-constexpr int64_t kChunk = 16;  // query tokens per work item
-constexpr int kRowTile = 6;     // rows per score tile: 12 accumulators in registers
+constexpr int64_t kKeys = kPanel;  // key tile: one panel of scores per row
+constexpr int64_t kChunk = 16;    // query tokens per work item
+constexpr int kRowTile = 6;       // rows per score tile: 12 accumulators in registers
 
 struct Item {
   int64_t seq, kv_head, first, count;  // query tokens [first, first + count) of seq
@@ -53,24 +54,6 @@ struct Scratch {
     v_rows.resize(kKeys);
   }
 };
-
-// scores[r][0..kKeys) = q[r] . K[t] for kRowTile rows, K given transposed: kt[d][t].
-template <int D>
-void score_tile(const float* q, const float* kt, float* scores) {
-  float8 acc[kRowTile][2] = {};
-  for (int d = 0; d < D; ++d) {
-    const float8 k0 = load8(kt + d * kKeys), k1 = load8(kt + d * kKeys + 8);
-    for (int r = 0; r < kRowTile; ++r) {
-      const float8 qr = float8{} + q[r * D + d];
-      acc[r][0] += qr * k0;
-      acc[r][1] += qr * k1;
-    }
-  }
-  for (int r = 0; r < kRowTile; ++r) {
-    store8(scores + r * kKeys, acc[r][0]);
-    store8(scores + r * kKeys + 8, acc[r][1]);
-  }
-}
 
 // One row's online-softmax step over `valid` keys of a tile: rescale its output by
 // exp(old max - new max), then add sum_j exp(score_j - new max) * V[j].
@@ -141,8 +124,9 @@ void attend_item(const Args& a, const Item& it, Scratch& s) {
     for (int64_t j = 0; j < keys; ++j)
       s.v_rows[j] = a.v_cache + (a.row_offset(it.seq, t0 + j) + it.kv_head) * D;
     const float* kt = a.key_tile(it.seq, it.kv_head, t0 / kKeys);
-    for (int64_t r = 0; r < padded_rows; r += kRowTile)
-      score_tile<D>(s.q.data() + r * D, kt, s.scores.data() + r * kKeys);
+    for (int64_t r = 0; r < padded_rows; r += kRowTile)  // scores[r][t] = q[r] . K[t]
+      tile<kRowTile>(s.q.data() + r * D, D, kt, nullptr, s.scores.data() + r * kKeys, kKeys,
+                     kKeys);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t valid = std::min(keys, first_pos + r / a.group - t0 + 1);  // causal
       if (valid > 0)
