@@ -55,19 +55,31 @@ def run_static(model, prompts: list[list[int]], output_len: int, batch_size: int
     return tokens, time.perf_counter() - start
 
 
-@torch.inference_mode()
-def run_continuous_batching(model, prompts: list[list[int]], output_len: int) -> tuple[int, float]:
+# No inference_mode here: generate_batch builds its tensors in this thread and updates
+# them in place from its own generation thread, which inference tensors forbid; it turns
+# off autograd itself. None sizes the KV pool and batch from free GPU memory (on CPU, from
+# host memory: gigabytes and slow steps, so tests pass small ones).
+def run_continuous_batching(model, prompts: list[list[int]], output_len: int,
+                            num_blocks: int | None = None,
+                            max_batch_tokens: int | None = None) -> tuple[int, float]:
+    """transformers' continuous batching over all prompts at once. Returns (output tokens,
+    seconds); raises if any request came back short (it logs failures, never raises)."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     config = GenerationConfig(max_new_tokens=output_len, do_sample=False, eos_token_id=None,
                               pad_token_id=0)
+    cb_config = ContinuousBatchingConfig(use_cuda_graph=True, num_blocks=num_blocks,
+                                         max_batch_tokens=max_batch_tokens)
     start = time.perf_counter()
-    results = model.generate_batch(
-        inputs=prompts, generation_config=config,
-        continuous_batching_config=ContinuousBatchingConfig(use_cuda_graph=True))
+    results = model.generate_batch(inputs=prompts, generation_config=config,
+                                   continuous_batching_config=cb_config)
     _sync(model.device)
     seconds = time.perf_counter() - start
-    return sum(len(r.generated_tokens) for r in results.values()), seconds
+    tokens = sum(len(r.generated_tokens) for r in results.values())
+    if tokens != len(prompts) * output_len:
+        raise RuntimeError(f"HF generate_batch produced {tokens} of "
+                           f"{len(prompts) * output_len} tokens (its log says why)")
+    return tokens, seconds
 
 
 def _sync(device: torch.device) -> None:
