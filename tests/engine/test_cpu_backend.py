@@ -4,14 +4,12 @@ the default model."""
 
 import pytest
 
-import kernels.cpu as cpu_kernels
 from engine import LLM, SamplingParams
 from engine.cpu_backend import CpuAttention, CpuLinear, CpuOps
 from engine.errors import InvalidRequestError
 from engine.linear import Linear
 
-needs_kernels = pytest.mark.skipif(cpu_kernels.load() is None,
-                                   reason="the C++ kernels did not build here")
+needs_kernels = pytest.mark.usefixtures("cpu_kernels")
 
 PREFIX = [(17 * i + 5) % 3000 + 100 for i in range(40)]
 PROMPTS = [PREFIX + [7, 8, 9], [11, 12, 13, 14, 15], PREFIX + list(range(500, 523)),

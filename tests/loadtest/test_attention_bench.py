@@ -7,11 +7,10 @@ import sys
 import pytest
 import torch
 
-import kernels.cpu as cpu_kernels
 from loadtest.attention_bench import CASES, paged_step
 
 
-@pytest.mark.skipif(cpu_kernels.load() is None, reason="the C++ CPU kernels did not build here")
+@pytest.mark.usefixtures("cpu_kernels")
 def test_prints_a_row_per_case_with_consistent_figures():
     proc = subprocess.run([sys.executable, "-m", "loadtest.attention_bench", "--heads", "4", "2",
                            "64", "--repeats", "2"], capture_output=True, text=True, timeout=300)
