@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 what=${1:?usage: gpu_suite.sh tests|kernels|bench MODEL}
 out=${OUT:-$PWD/out}
 kit=${GPU_KIT:-$PWD/.carry}
-site=/tmp/tokenwire-kit
+site=${GPU_KIT_SITE:-/tmp/tokenwire-kit}  # where the wheels are unpacked
 mkdir -p "$out"
 unset TRITON_INTERPRET  # compiled Triton on CUDA
 export PYTHONUNBUFFERED=1 TOKENWIRE_CACHE_DIR=$kit/cache

@@ -1,0 +1,51 @@
+"""scripts/gpu_suite.sh on CPU: it installs the kit's wheels where the steps import them,
+keeps every step's exit code and full log under $OUT, and fails loudly. The kernel bench
+step needs CUDA, so here it is the failing step."""
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu_suite.sh"
+
+
+def fake_kit(root: Path) -> Path:
+    """A kit of one pure-python wheel (module kitprobe) and no tokenizer."""
+    wheels = root / "wheels"
+    wheels.mkdir(parents=True)
+    info = "kitprobe-0.1.dist-info"
+    with zipfile.ZipFile(wheels / "kitprobe-0.1-py3-none-any.whl", "w") as whl:
+        whl.writestr("kitprobe.py", "ANSWER = 42\n")
+        whl.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: kitprobe\nVersion: 0.1\n")
+        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                                      "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{info}/RECORD", "")
+    return root
+
+
+def run(tmp: Path, *args: str, kit: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(tmp / "out"),
+           "GPU_KIT": str(kit), "GPU_KIT_SITE": str(tmp / "site"), "HOME": str(tmp)}
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_failing_step_fails_the_script_and_keeps_its_log(tmp_path):
+    done = run(tmp_path, "kernels", kit=fake_kit(tmp_path / "kit"))
+    assert done.returncode == 1
+    out = tmp_path / "out"
+    assert "needs a CUDA GPU" in (out / "kernels_bench.log").read_text()
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("kernels_bench: exit ") and summary[0] != "kernels_bench: exit 0"
+    assert summary[-1] == "FAILED: kernels_bench"
+    assert (tmp_path / "site" / "kitprobe.py").is_file()  # the kit was installed
+
+
+def test_refuses_to_run_without_a_kit_or_with_an_unknown_step(tmp_path):
+    empty = tmp_path / "no_kit"
+    (empty / "wheels").mkdir(parents=True)
+    done = run(tmp_path, "tests", kit=empty)
+    assert done.returncode == 1 and "build the kit first" in done.stderr
+    done = run(tmp_path, "warmup", kit=fake_kit(tmp_path / "kit"))
+    assert done.returncode == 2 and "unknown step set" in done.stderr
