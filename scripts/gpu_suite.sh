@@ -11,6 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:?usage: gpu_suite.sh tests|kernels|bench MODEL}
+case $what in
+tests | kernels | bench) ;;
+*) echo "unknown step set: $what (tests, kernels or bench MODEL)" >&2; exit 2 ;;
+esac
 out=${OUT:-$PWD/out}
 kit=${GPU_KIT:-$PWD/.carry}
 site=${GPU_KIT_SITE:-/tmp/tokenwire-kit}  # where the wheels are unpacked
@@ -41,16 +45,18 @@ pytest_run() {  # -rs: a skipped test on the GPU machine is a finding, so say wh
     python3 -m pytest -q -rs -p no:cacheprovider --timeout 480 "$@"
 }
 
-device() {
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+device() {  # the image's versions against what the kit's wheels need; what ran where
+    local rc=0
+    python3 scripts/gpu_kit.py --check-installed "$site" || rc=1
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || rc=1
     python3 -c "import torch, triton, transformers; print(torch.__version__, \
-triton.__version__, transformers.__version__, torch.cuda.get_device_name())"
-    git log -1 --format='commit %H %cI' 2>/dev/null || true
+triton.__version__, transformers.__version__, torch.cuda.get_device_name())" || rc=1
+    return $rc
 }
 
+step device device
 case $what in
 tests)
-    step device device
     step gpu_tests pytest_run -m gpu tests
     if grep -q " skipped" "$out/gpu_tests.log"; then failed+=("gpu_tests_skipped"); fi
     step cuda_small pytest_run -m "not gpu" tests/kernels/test_paged_decode_attention.py \
@@ -65,10 +71,6 @@ bench)
     step "bench_$model" python3 -m gateway.cli bench --model "dummy:$model" --dtype bfloat16 \
         --num-prompts 256 --input-len 512 --output-len 256 --peers "${PEERS:-auto}" \
         --result-json "$out/bench_$model.json"
-    ;;
-*)
-    echo "unknown step set: $what (tests, kernels or bench MODEL)" >&2
-    exit 2
     ;;
 esac
 if [ ${#failed[@]} -gt 0 ]; then

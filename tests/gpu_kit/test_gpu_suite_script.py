@@ -10,14 +10,15 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_suite.sh"
 
 
-def fake_kit(root: Path) -> Path:
+def fake_kit(root: Path, requires: str = "pytest>=1") -> Path:
     """A kit of one pure-python wheel (module kitprobe) and no tokenizer."""
     wheels = root / "wheels"
     wheels.mkdir(parents=True)
     info = "kitprobe-0.1.dist-info"
     with zipfile.ZipFile(wheels / "kitprobe-0.1-py3-none-any.whl", "w") as whl:
         whl.writestr("kitprobe.py", "ANSWER = 42\n")
-        whl.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: kitprobe\nVersion: 0.1\n")
+        whl.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: kitprobe\nVersion: 0.1\n"
+                                        f"Requires-Dist: {requires}\n")
         whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
                                       "Root-Is-Purelib: true\nTag: py3-none-any\n")
         whl.writestr(f"{info}/RECORD", "")
@@ -37,9 +38,17 @@ def test_a_failing_step_fails_the_script_and_keeps_its_log(tmp_path):
     out = tmp_path / "out"
     assert "needs a CUDA GPU" in (out / "kernels_bench.log").read_text()
     summary = (out / "summary.txt").read_text().splitlines()
-    assert summary[0].startswith("kernels_bench: exit ") and summary[0] != "kernels_bench: exit 0"
-    assert summary[-1] == "FAILED: kernels_bench"
+    bench = next(line for line in summary if line.startswith("kernels_bench: exit "))
+    assert bench != "kernels_bench: exit 0"
+    assert summary[-1].startswith("FAILED: ") and "kernels_bench" in summary[-1]
     assert (tmp_path / "site" / "kitprobe.py").is_file()  # the kit was installed
+    assert "kit requirements met" in (out / "device.log").read_text()
+
+
+def test_a_kit_wheel_needing_a_newer_package_than_installed_is_reported(tmp_path):
+    run(tmp_path, "kernels", kit=fake_kit(tmp_path / "kit", requires="pytest>=999"))
+    log = (tmp_path / "out" / "device.log").read_text()
+    assert "kitprobe needs pytest>=999, found" in log
 
 
 def test_refuses_to_run_without_a_kit_or_with_an_unknown_step(tmp_path):
