@@ -52,7 +52,7 @@ async def test_consecutive_faults_exit_the_process(spawn, figures):
     figures("3 consecutive engine step faults", tried=1, survived=int(rc != 0), lost=0,
             notes=f"forward-pass fault in 3 steps in a row: the process exited {rc} after "
                   f"{exited_after:.1f} s; /health answers seen meanwhile "
-                  f"{sorted(set(statuses), key=str)}")
+                  f"{sorted(set(statuses), key=str)} (None: listener gone)")
     assert first.get("finish_reason") == "length", first
     assert all(_failed(end) for end in faulty), faulty
     assert alive_after_two == 200

@@ -28,6 +28,8 @@ FAULT_SEED = 666_001  # a request with this seed makes its step (or itself) fail
 SECRET = "injected fault 7f3a"  # must reach the log, never a client
 SOCKETS, PER_SOCKET = 8, 8  # 64 concurrent requests around the faulty one
 MAX_TOKENS = 16
+PLACES = {"forward": "the forward pass", "sampler": "the sampler",
+          "after_sampling": "one request after sampling"}
 # Admission lets all 65 through to the engine, whose own queue holds what waits.
 ADMIT_ALL = SchedulerConfig(max_running_requests=SOCKETS * PER_SOCKET + 1, ttft_bound_s=600)
 
@@ -155,11 +157,12 @@ async def test_step_fault_ends_only_its_requests(serve, where, figures, caplog):
     completed = sum(map(_completed, entries))
     stats = engine.stats()
     in_failed_step = len(faults.failed_batches[0]) if faults.failed_batches else 1
-    figures(f"engine fault in the {where.replace('_', ' ')}", tried=len(entries),
+    ended = "only the faulty one" if where == "after_sampling" else \
+        f"the {in_failed_step} requests of the failed step"
+    figures(f"engine fault in {PLACES[where]}", tried=len(entries),
             survived=completed, lost=len(entries) - completed - in_failed_step,
-            notes=f"{SOCKETS * PER_SOCKET} concurrent requests around one faulty; the failed "
-                  f"step held {in_failed_step} of them, which ended with `error`; engine "
-                  f"finish counts {stats.finish_reasons}")
+            notes=f"{SOCKETS * PER_SOCKET} concurrent requests around one faulty; {ended} "
+                  f"ended with `error`; engine finish counts {stats.finish_reasons}")
     assert seen[0]["faulty"]["end"] is not None and _failed(seen[0]["faulty"])
     if where == "after_sampling":
         assert faults.failed_batches == []  # the step itself succeeded
