@@ -7,6 +7,11 @@
 
 Each request has a one-slot collector: outputs that arrive while the consumer is busy are
 merged into the slot, so a slow consumer costs constant memory and never stalls the loop.
+
+A failed step ends only its own requests (EngineCore.step). When the loop itself dies (too
+many failed steps in a row, or a fault outside a step) every pending request ends with
+`error`, `is_alive` turns false and `wait_dead()` returns: the caller decides what a dead
+engine means for the process (`tokenwire serve` exits non-zero).
 """
 from __future__ import annotations
 
@@ -64,6 +69,7 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._dead: BaseException | None = None
+        self._died = asyncio.Event()  # set on the event loop once the loop has died
         self._ids = itertools.count()
         self._stats = self.core.stats()
 
@@ -83,6 +89,11 @@ class AsyncEngine:
     @property
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._dead is None
+
+    async def wait_dead(self) -> str:
+        """Return, with the cause, once the engine loop has died (never after a clean stop)."""
+        await self._died.wait()
+        return f"{type(self._dead).__name__}: {self._dead}"
 
     def stats(self) -> EngineStats:
         """The snapshot taken after the latest step (cheap; safe from the event loop)."""
@@ -148,14 +159,16 @@ class AsyncEngine:
         try:
             while self._wait_for_work():
                 self._apply_inbox()
-                outputs = self.core.step() if self.core.has_work() else []
-                self._stats = self.core.stats()
+                try:
+                    outputs = self.core.step() if self.core.has_work() else []
+                finally:  # a fatal step still freed its requests' blocks: show it
+                    self._stats = self.core.stats()
                 if outputs:
                     self._loop.call_soon_threadsafe(self._dispatch, outputs)
         except BaseException as exc:  # noqa: BLE001 - the loop must report, not vanish
-            log.exception("engine loop died")
+            log.critical("engine is dead: %s", exc, exc_info=exc)
             self._dead = exc
-            self._loop.call_soon_threadsafe(self._fail_all, repr(exc))
+            self._loop.call_soon_threadsafe(self._on_death, f"engine is dead: {exc}")
 
     def _wait_for_work(self) -> bool:
         with self._wake:
@@ -182,6 +195,10 @@ class AsyncEngine:
             collector = self._collectors.get(out.request_id)
             if collector is not None:
                 collector.put(out)
+
+    def _on_death(self, message: str) -> None:
+        self._fail_all(message)
+        self._died.set()
 
     def _fail_all(self, message: str) -> None:
         for request_id, collector in list(self._collectors.items()):

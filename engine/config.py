@@ -39,11 +39,15 @@ class EngineConfig:
     num_threads: int | None = None  # CPU intra-op threads; None: torch's default
     cpu_weight_prepack: bool = True  # CPU fp32: weights packed at load (C++ matmul, else oneDNN)
     seed: int = 0
+    # A failed step ends only its own requests; this many failed steps in a row mean the
+    # device or the engine is broken for good: the engine stops (and `serve` exits).
+    max_consecutive_failed_steps: int = 3
 
     def __post_init__(self):
         _positive("block_size", self.block_size)
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("max_consecutive_failed_steps", self.max_consecutive_failed_steps)
         if self.num_kv_blocks is not None:
             _positive("num_kv_blocks", self.num_kv_blocks)
         if self.max_model_len is not None:

@@ -8,14 +8,14 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import InvalidRequestError, PromptTooLongError
+from engine.errors import EngineDeadError, InvalidRequestError, PromptTooLongError
 from engine.host_memory import keep_freed_step_buffers
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, RequestOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.step_scheduler import StepScheduler
+from engine.step_scheduler import ScheduledBatch, StepScheduler
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +46,14 @@ class EngineCore:
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size,
                                    config.enable_prefix_caching)
         self.scheduler = StepScheduler(self.blocks, config.max_num_seqs,
-                                       config.max_num_batched_tokens)
+                                       config.max_num_batched_tokens,
+                                       eos_token_ids=self.eos_token_ids,
+                                       max_model_len=self.max_model_len)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.pending: list[RequestOutput] = []
         self.totals = EngineStats()
+        self.num_failed_steps = 0  # in a row; reset by every step that succeeds
 
     # -- text ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -99,40 +102,49 @@ class EngineCore:
 
     # -- the step --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """schedule -> execute -> update_from_output. A step that raises ends the requests
+        it held with `error` (blocks freed); the others go on. Raises EngineDeadError after
+        max_consecutive_failed_steps failed steps in a row."""
         outputs, self.pending = self.pending, []
         batch = self.scheduler.schedule()
         if not batch.requests:
             return outputs
-        tokens = self.runner.execute(batch)
+        try:
+            sampled = self.runner.execute(batch)
+            booked = self.scheduler.update_from_output(batch, sampled)
+        except Exception as exc:  # noqa: BLE001 - the fault ends at this step's requests
+            return outputs + self._fail_step(batch, exc)
+        self.num_failed_steps = 0
         self.totals.steps += 1
-        for request, num_new, token in zip(batch.requests, batch.num_new_tokens, tokens):
-            request.num_computed_tokens += num_new
-            self.blocks.cache_full_blocks(request)
-            if token is not None:
-                outputs.append(self._on_token(request, token))
+        self.totals.generation_tokens += len(booked)
+        outputs.extend(self._on_token(request, token) for request, token in booked)
         return outputs
+
+    def _fail_step(self, batch: ScheduledBatch, exc: Exception) -> list[RequestOutput]:
+        self.num_failed_steps += 1
+        log.error("engine step failed (%d in a row); ending its %d requests",
+                  self.num_failed_steps, len(batch.requests), exc_info=exc)
+        error = f"engine step failed: {type(exc).__name__}: {exc}"
+        failed = [self._finish(r, "error", "", error=error) for r in batch.requests
+                  if r.request_id in self.requests]
+        if self.num_failed_steps >= self.config.max_consecutive_failed_steps:
+            raise EngineDeadError(f"{self.num_failed_steps} engine steps failed in a row; "
+                                  f"the last: {type(exc).__name__}: {exc}") from exc
+        return failed
 
     def _on_token(self, request: Request, token: int) -> RequestOutput:
         try:
-            return self._append_token(request, token)
+            return self._detokenize(request, token, request.finish_reason)
         except Exception as exc:  # one request's failure must not stop the others
             log.exception("request %s failed", request.request_id)
             return self._finish(request, "error", "", error=f"{type(exc).__name__}: {exc}")
 
-    def _append_token(self, request: Request, token: int) -> RequestOutput:
-        request.all_token_ids.append(token)
-        self.totals.generation_tokens += 1
-        params, detok = request.params, self.detokenizers[request.request_id]
-        reason = None
-        if token in params.stop_token_ids or (token in self.eos_token_ids
-                                               and not params.ignore_eos):
-            reason = "stop"
-        else:
+    def _detokenize(self, request: Request, token: int, reason: str | None) -> RequestOutput:
+        """The token's text, checked for stop strings; `reason` is the scheduler's stop."""
+        detok = self.detokenizers[request.request_id]
+        if reason != "stop":  # a stop token's own text is never shown
             detok.add(token)
-            reason = "stop" if detok.stopped else None
-        if reason is None and (request.num_output_tokens >= params.max_tokens
-                               or request.num_tokens >= self.max_model_len):
-            reason = "length"
+            reason = "stop" if detok.stopped else reason
         if reason is None:
             return self._output(request, detok.take_delta(final=False), [token])
         detok.flush()
@@ -140,6 +152,8 @@ class EngineCore:
 
     def _finish(self, request: Request, reason: str, delta: str, new_tokens=(),
                 error: str | None = None) -> RequestOutput:
+        """Free the request everywhere (the scheduler may have finished it already) and
+        build its final output."""
         self.scheduler.finish(request, reason)
         del self.requests[request.request_id]
         del self.detokenizers[request.request_id]

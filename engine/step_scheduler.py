@@ -6,6 +6,10 @@ prefill (a long prompt spans steps), prefix hits (computed starts past the cache
 and decode (one new token) all fall out of that rule. When blocks run out, the most
 recently admitted running request is preempted: its blocks are freed and it is recomputed
 later (its output so far is kept, so the recompute lands on the same state).
+
+The scheduler both plans a step (`schedule`) and books its result (`update_from_output`:
+computed tokens advance, sampled tokens are appended, token-level stops finish and free
+their requests), so the engine core only drives schedule -> execute -> update_from_output.
 """
 from __future__ import annotations
 
@@ -36,10 +40,13 @@ class ScheduledBatch:
 class StepScheduler:
     """Owns the waiting queue and the running list; the block manager owns the blocks."""
 
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, token_budget: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, token_budget: int, *,
+                 eos_token_ids: frozenset[int] = frozenset(), max_model_len: int | None = None):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.token_budget = token_budget
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -105,6 +112,36 @@ class StepScheduler:
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
         self.num_preemptions += 1
+
+    def update_from_output(self, batch: ScheduledBatch,
+                           sampled: list[int | None]) -> list[tuple[Request, int]]:
+        """Book a step's result. Each request's computed tokens advance (its newly full
+        blocks join the prefix cache); a sampled token is appended and a token-level stop
+        (eos, stop_token_ids, max_tokens, context) finishes the request and frees its
+        blocks. Returns (request, token) for each request that got a token, in batch
+        order; `request.finish_reason` tells which of them finished."""
+        booked = []
+        for request, num_new, token in zip(batch.requests, batch.num_new_tokens, sampled):
+            request.num_computed_tokens += num_new
+            self.blocks.cache_full_blocks(request)
+            if token is None:
+                continue
+            request.all_token_ids.append(token)
+            reason = self._check_stop(request, token)
+            if reason is not None:
+                self.finish(request, reason)
+            booked.append((request, token))
+        return booked
+
+    def _check_stop(self, request: Request, token: int) -> str | None:
+        params = request.params
+        if token in params.stop_token_ids or (token in self.eos_token_ids
+                                               and not params.ignore_eos):
+            return "stop"
+        if request.num_output_tokens >= params.max_tokens or (
+                self.max_model_len is not None and request.num_tokens >= self.max_model_len):
+            return "length"
+        return None
 
     def finish(self, request: Request, reason: str) -> None:
         """Remove a request (finished or aborted) wherever it is and free its blocks."""

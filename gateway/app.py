@@ -90,7 +90,9 @@ def _lifecycle(engine: AsyncEngine | None, factory: Callable[[], AsyncEngine] | 
             _set_ready(rt, engine)
         else:
             loader = asyncio.create_task(_load(rt, factory))
+        watch = asyncio.create_task(_watch_engine(rt, loader))
         yield
+        watch.cancel()
         if loader is not None:
             loader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -113,6 +115,18 @@ async def _load(rt: Runtime, factory: Callable[[], AsyncEngine]) -> None:
         return
     _set_ready(rt, engine)
     log.info("model %s loaded; ready", engine.model_name)
+
+
+async def _watch_engine(rt: Runtime, loader: asyncio.Task | None) -> None:
+    """Once the engine's loop dies: /health and /ready answer 503 and `rt.engine_dead` is
+    set, so the process can exit and be restarted."""
+    if loader is not None:
+        await loader
+    if rt.engine is None:
+        return  # the model did not load: /health and /ready say so
+    cause = await rt.engine.wait_dead()
+    rt.status, rt.reason = "failed", f"engine is dead: {cause}"
+    rt.engine_dead.set()
 
 
 def _set_ready(rt: Runtime, engine: AsyncEngine) -> None:

@@ -5,6 +5,8 @@ flag generated from the dataclass (gateway.flags), so no limit lacks one.
 
 SIGTERM/SIGINT start a graceful drain (see gateway.app.drain); a second signal skips the
 wait. The listener starts before the model loads, so /health and /ready answer at once.
+When the engine dies (max_consecutive_failed_steps failed steps in a row) the process
+exits with status 1 so that its supervisor restarts it.
 """
 from __future__ import annotations
 
@@ -141,6 +143,7 @@ async def serve(config: GatewayConfig, engine_cfg, sched_cfg: SchedulerConfig,
     from engine.async_engine import AsyncEngine
     from gateway.app import build_app, drain, make_runner
     from gateway.session_store import make_session_store
+    from gateway.state import RUNTIME
 
     store = make_session_store(store_cfg)
     app = build_app(config, engine_factory=lambda: AsyncEngine(engine_cfg), store=store,
@@ -154,7 +157,11 @@ async def serve(config: GatewayConfig, engine_cfg, sched_cfg: SchedulerConfig,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    rt = app[RUNTIME]
+    if await _engine_died(stop, rt.engine_dead):
+        log.critical("exiting with status 1 for a restart: %s", rt.reason)
+        await runner.cleanup()
+        return 1
     stop.clear()
     log.info("draining (up to %.0fs; signal again to skip)", config.drain_timeout_s)
     drain_task = asyncio.create_task(drain(app))
@@ -164,3 +171,12 @@ async def serve(config: GatewayConfig, engine_cfg, sched_cfg: SchedulerConfig,
     second_signal.cancel()
     await runner.cleanup()
     return 0
+
+
+async def _engine_died(stop: asyncio.Event, engine_dead: asyncio.Event) -> bool:
+    """Wait for a stop signal or the engine's death; True if the engine died first."""
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(engine_dead.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in waits:
+        task.cancel()
+    return engine_dead.is_set() and not stop.is_set()

@@ -1,6 +1,7 @@
 """The app's shared state, stored under typed AppKeys."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -17,7 +18,8 @@ from gateway.sessions import SessionRegistry
 class Runtime:
     """Everything handlers share: the engine (None while it loads), limits, registries.
 
-    status: "loading" -> "ready" -> "draining"; "failed" if the model did not load.
+    status: "loading" -> "ready" -> "draining"; "failed" if the model did not load or the
+    engine died (then `engine_dead` is set: the process should exit for a restart).
     """
 
     config: GatewayConfig
@@ -29,6 +31,7 @@ class Runtime:
     reason: str = "model loading"
     connections: set = field(default_factory=set)  # open gateway.connection.Connection
     http_streams: set = field(default_factory=set)  # running HTTP completions (for drain)
+    engine_dead: asyncio.Event = field(default_factory=asyncio.Event)
 
     def engine_stats(self) -> EngineStats | None:
         return self.engine.stats() if self.engine is not None else None

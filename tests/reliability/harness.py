@@ -38,8 +38,9 @@ class ServerProcess:
     """`tokenwire serve` (through probe.py) on 127.0.0.1; stderr goes to `log_path`."""
 
     def __init__(self, log_path: Path, *args: str, port: int | None = None,
-                 env: dict | None = None):
+                 env: dict | None = None, module: str = "tests.reliability.probe"):
         self.port = port or free_port()
+        self.module = module  # the entry point: probe.py, or a launcher that injects faults
         # One engine thread: other suites share the CI box's two cores.
         self.args = ["--host", "127.0.0.1", "--port", str(self.port), "--device", "cpu",
                      "--num-threads", "1", *args]
@@ -59,7 +60,7 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         log = open(self.log_path, "ab")  # appended across restarts
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.reliability.probe", "serve", *self.args], cwd=REPO,
+            [sys.executable, "-m", self.module, "serve", *self.args], cwd=REPO,
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         log.close()
         self.wait_ready()

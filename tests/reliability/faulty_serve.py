@@ -1,0 +1,34 @@
+"""`python -m tests.reliability.faulty_serve serve ...`: the real `tokenwire serve` with a
+forward-pass fault: every engine step that holds a request seeded FAULT_SEED raises inside
+the model's forward, as a failing device would. Everything else is the real server."""
+from __future__ import annotations
+
+import sys
+
+from engine.model_runner import ModelRunner
+from engine.models.llama import LlamaModel
+from gateway.cli import main
+
+FAULT_SEED = 666_001
+MESSAGE = "injected forward fault"
+
+
+def install() -> None:
+    execute, forward = ModelRunner.execute, LlamaModel.forward
+    step = {"faulty": False}  # the engine steps on one thread, one step at a time
+
+    def marked_execute(self, batch):
+        step["faulty"] = any(r.params.seed == FAULT_SEED for r in batch.requests)
+        return execute(self, batch)
+
+    def faulty_forward(self, *args, **kwargs):
+        if step["faulty"]:
+            raise RuntimeError(MESSAGE)
+        return forward(self, *args, **kwargs)
+
+    ModelRunner.execute, LlamaModel.forward = marked_execute, faulty_forward
+
+
+if __name__ == "__main__":
+    install()
+    sys.exit(main())
