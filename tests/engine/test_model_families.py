@@ -1,8 +1,9 @@
 """Every supported model family, tiny and randomly initialised from a transformers config:
 our engine's greedy tokens equal transformers' for 32 steps and the logits behind them agree
-within 1e-4 in fp32, on both CPU attention backends."""
+within 1e-4 in fp32, on both CPU attention backends (and the Triton kernels, interpreted)."""
+import os
+
 import pytest
-import torch
 
 import kernels.cpu as cpu_kernels
 from loadtest import tiny_models
@@ -34,18 +35,34 @@ def family(tmp_path_factory, tokenizer, prompts):
     return get
 
 
+def _assert_same(ours, theirs, steps):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert len(b.tokens) >= steps
+        assert a.tokens == b.tokens[:steps]
+        assert a.logits.shape[0] == steps
+        error = (a.logits - b.logits[:steps, :a.logits.shape[1]]).abs().max().item()
+        assert error < 1e-4
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", list(tiny_models.FAMILIES))
 def test_greedy_tokens_and_logits_match_transformers(name, backend, family, prompts):
     path, theirs = family(name)
     ours = tiny_models.engine_runs(path, prompts, attention_backend=backend)
-    assert len(ours) == len(theirs) == len(prompts)
-    for a, b in zip(ours, theirs):
-        assert len(b.tokens) == tiny_models.STEPS
-        assert a.tokens == b.tokens
-        assert a.logits.shape[0] == tiny_models.STEPS
-        error = (a.logits - b.logits[:, :a.logits.shape[1]]).abs().max().item()
-        assert error < 1e-4
+    assert len(ours) == len(prompts)
+    _assert_same(ours, theirs, tiny_models.STEPS)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the Triton kernels run on CPU under TRITON_INTERPRET=1")
+@pytest.mark.parametrize("name", ["llama3", "qwen2-yarn"])
+def test_triton_kernels_apply_the_scaled_rope(name, family, prompts):
+    """The Triton rotary kernel reads the same table, yarn's attention factor included
+    (interpreted, so fewer steps)."""
+    path, theirs = family(name)
+    ours = tiny_models.engine_runs(path, prompts, steps=8, attention_backend="triton")
+    _assert_same(ours, theirs, 8)
 
 
 def test_families_cover_the_features(family):
