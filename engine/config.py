@@ -33,7 +33,7 @@ class EngineConfig:
     kv_cache_max_bytes: int | None = None  # None: 1 GiB on CPU, no cap on CUDA
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None  # None: the model's own limit, at most 32768
+    max_model_len: int | None = None  # None: the model's own, <= 32768; never past its window
     enable_prefix_caching: bool = True
     # "torch" | "triton" | "cpu" (C++ kernels, kernels/cpu) | "auto": triton on CUDA; on
     # CPU, cpu where the kernels build (a C++ compiler is present), else torch
