@@ -46,9 +46,12 @@ STEPS = 32
 
 
 def default_tokenizer():
-    from engine.loader import _tokenizer, default_model_dir
+    """The default model's tokenizer, which the tiny models share."""
+    from transformers import AutoTokenizer
 
-    return _tokenizer(default_model_dir())
+    from engine.loader import default_model_dir
+
+    return AutoTokenizer.from_pretrained(default_model_dir())
 
 
 def hf_config(family: str, vocab_size: int, **overrides):
