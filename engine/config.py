@@ -8,6 +8,10 @@ import torch
 
 from engine.errors import InvalidRequestError
 
+# The KV pool's cap on CPU when kv_cache_max_bytes is None: the pool is allocated whole at
+# start, and on CPU it competes with the rest of the host's memory.
+CPU_KV_CACHE_MAX_BYTES = 1 << 30
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -26,10 +30,10 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_memory_fraction: float = 0.85
-    kv_cache_max_bytes: int | None = None  # None: 2 GiB on CPU, no cap on CUDA
+    kv_cache_max_bytes: int | None = None  # None: 1 GiB on CPU, no cap on CUDA
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None  # None: the model's own limit, at most 32768
+    max_model_len: int | None = None  # None: the model's own, <= 32768; never past its window
     enable_prefix_caching: bool = True
     # "torch" | "triton" | "cpu" (C++ kernels, kernels/cpu) | "auto": triton on CUDA; on
     # CPU, cpu where the kernels build (a C++ compiler is present), else torch

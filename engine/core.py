@@ -12,6 +12,7 @@ from engine.errors import EngineDeadError, InvalidRequestError, PromptTooLongErr
 from engine.host_memory import keep_freed_step_buffers
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
+from engine.models.config import context_len
 from engine.outputs import EngineStats, RequestOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -36,8 +37,7 @@ class EngineCore:
         self.model_name = loaded.name
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids)
         self.vocab_size = loaded.config.vocab_size
-        wanted_len = config.max_model_len or min(loaded.config.max_position_embeddings,
-                                                 _MAX_CONTEXT)
+        wanted_len = context_len(loaded.config, config.max_model_len, _MAX_CONTEXT)
         self.runner = ModelRunner(config, loaded, wanted_len)
         if self.runner.device.type == "cpu":
             keep_freed_step_buffers()

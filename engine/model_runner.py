@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import kernels.cpu as cpu_kernels
 from engine.attention import AttentionMetadata, TorchAttention
-from engine.config import EngineConfig
+from engine.config import CPU_KV_CACHE_MAX_BYTES, EngineConfig
 from engine.cpu_backend import CpuAttention, CpuOps
 from engine.cuda_graphs import DecodeGraphs
 from engine.linear import Linear
@@ -85,7 +85,7 @@ class ModelRunner:
         else:
             import psutil
             budget = psutil.virtual_memory().available * self.config.kv_memory_fraction
-            cap = self.config.kv_cache_max_bytes or 1 << 30
+            cap = self.config.kv_cache_max_bytes or CPU_KV_CACHE_MAX_BYTES
         budget = min(budget, cap) if cap else budget
         num_blocks = int(budget // self.kv_bytes_per_block(c))
         if num_blocks < 2:

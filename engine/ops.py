@@ -4,10 +4,10 @@ The GPU path swaps in fused Triton kernels with the same signatures (engine.trit
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
+
+from engine.models.rope import rope_frequencies
 
 
 class TorchOps:
@@ -42,22 +42,9 @@ class TorchOps:
 
 def build_cos_sin_cache(max_pos: int, head_dim: int, theta: float, scaling: dict | None,
                         dtype: torch.dtype, device) -> torch.Tensor:
-    """[max_pos, head_dim]: cos of each position's angles, then sin (HF default rope)."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    inv_freq = 1.0 / (theta ** exponents)
-    if scaling is not None:
-        inv_freq = _llama3_scaled(inv_freq, scaling)
+    """[max_pos, head_dim]: cos of each position's angles, then sin, both times the rope
+    type's attention factor (transformers' rotary embedding, engine.models.rope)."""
+    inv_freq, attention_factor = rope_frequencies(head_dim, theta, scaling)
     angles = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
-    return torch.cat((angles.cos(), angles.sin()), dim=-1).to(dtype=dtype, device=device)
-
-
-def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
-    """Llama 3.1+ frequency scaling: long wavelengths slowed by `factor`, short kept."""
-    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-    old_len = s["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    smooth = (old_len / wavelen - low) / (high - low)
-    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    out = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    medium = (wavelen <= old_len / low) & (wavelen >= old_len / high)
-    return torch.where(medium, blended, out)
+    table = torch.cat((angles.cos(), angles.sin()), dim=-1) * attention_factor
+    return table.to(dtype=dtype, device=device)

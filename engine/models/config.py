@@ -1,7 +1,12 @@
 """ModelConfig: the shape of a Llama-family model, from an HF config or a named dummy shape."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
+
+from engine.models.rope import SUPPORTED_ROPE_TYPES
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -19,12 +24,14 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None  # llama3-style {"factor", "low_freq_factor", ...}
+    # transformers' rope parameters with a rope_type of linear, llama3 or yarn; None: default
+    rope_scaling: dict | None = None
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     qk_norm: bool = False
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    sliding_window: int | None = None  # some layer attends to only this many last tokens
 
 
 def from_hf_config(hf, eos_token_ids: tuple[int, ...]) -> ModelConfig:
@@ -32,20 +39,66 @@ def from_hf_config(hf, eos_token_ids: tuple[int, ...]) -> ModelConfig:
     if hf.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model type {hf.model_type!r}; "
                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
-    theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
-    scaling = rope if rope.get("rope_type") == "llama3" else None
+    theta, scaling = _rope(hf)
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     return ModelConfig(
         vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
         intermediate_size=hf.intermediate_size, num_layers=hf.num_hidden_layers,
         num_heads=hf.num_attention_heads,
         num_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
-        head_dim=head_dim, rms_norm_eps=hf.rms_norm_eps, rope_theta=float(theta),
+        head_dim=head_dim, rms_norm_eps=hf.rms_norm_eps, rope_theta=theta,
         rope_scaling=scaling, max_position_embeddings=hf.max_position_embeddings,
         tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
         attention_bias=hf.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
-        qk_norm=hf.model_type == "qwen3", eos_token_ids=eos_token_ids)
+        qk_norm=hf.model_type == "qwen3", eos_token_ids=eos_token_ids,
+        sliding_window=_sliding_window(hf))
+
+
+def _rope(hf) -> tuple[float, dict | None]:
+    """(rope_theta, scaling) from transformers 5's rope_parameters or the older rope_scaling
+    (whose type key was `type`); a type we cannot run exactly is refused here, at load."""
+    params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None)
+                  or {})
+    theta = float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"unsupported rope_type {rope_type!r}; "
+                         f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("unsupported partial_rotary_factor "
+                         f"{params['partial_rotary_factor']}: rotary covers the whole head")
+    if rope_type == "default":
+        return theta, None
+    params["rope_type"] = rope_type
+    if rope_type in ("llama3", "yarn"):
+        params.setdefault("original_max_position_embeddings", getattr(
+            hf, "original_max_position_embeddings", hf.max_position_embeddings))
+    if rope_type == "yarn" and params.get("factor") is None:
+        params["factor"] = hf.max_position_embeddings / params["original_max_position_embeddings"]
+    return theta, params
+
+
+def _sliding_window(hf) -> int | None:
+    """The window, where transformers applies one: Mistral whenever sliding_window is set,
+    Qwen2/Qwen3 on the layers their layer_types (from use_sliding_window and
+    max_window_layers) mark "sliding_attention"."""
+    window = getattr(hf, "sliding_window", None)
+    layer_types = getattr(hf, "layer_types", None)
+    if window is None or (layer_types is not None and "sliding_attention" not in layer_types):
+        return None
+    return int(window)
+
+
+def context_len(config: ModelConfig, requested: int | None, limit: int) -> int:
+    """The context to serve: `requested`, else the model's own up to `limit`; never beyond
+    a sliding window, which the attention kernels do not implement, so within it every
+    token sees exactly what transformers lets it see."""
+    wanted = requested or min(config.max_position_embeddings, limit)
+    if config.sliding_window is not None and wanted > config.sliding_window:
+        log.info("context capped from %d to the model's sliding window of %d tokens",
+                 wanted, config.sliding_window)
+        return config.sliding_window
+    return wanted
 
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
