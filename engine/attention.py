@@ -72,16 +72,17 @@ class TorchAttention:
         """One query per request against its paged context, as two batched matmuls with
         the query heads of each KV head grouped, so K/V are never repeated for GQA."""
         nd, head_dim = q.shape[0], self.head_dim
-        rows, bias = self._decode_rows(meta, nd, k_cache.shape[1])
+        rows, bias = self._decode_rows(meta, nd, k_cache.shape[1], q.dtype)
         k = k_cache.view(-1, head_dim).index_select(0, rows).view(nd, self.num_kv_heads, -1, head_dim)
         v = v_cache.view(-1, head_dim).index_select(0, rows).view(nd, self.num_kv_heads, -1, head_dim)
         q = (q * self.scale).view(nd, self.num_kv_heads, -1, head_dim)  # [B, Hkv, G, D]
         scores = torch.matmul(q, k.transpose(-1, -2)) + bias  # [B, Hkv, G, L]
         return torch.matmul(torch.softmax(scores, dim=-1), v).view(nd, self.num_heads, head_dim)
 
-    def _decode_rows(self, meta, nd: int, block_size: int):
+    def _decode_rows(self, meta, nd: int, block_size: int, dtype: torch.dtype):
         """Cache rows to gather ([B, Hkv, L] flattened, one row per token and KV head) and
-        the length mask as an additive bias; built once per step and reused by every layer."""
+        the length mask as an additive bias in the scores' dtype (matmul takes no mixed
+        dtypes); built once per step and reused by every layer."""
         if self._rows_for is not meta:
             device, hkv = meta.block_tables.device, self.num_kv_heads
             num_blocks = -(-meta.max_seq_len // block_size)
@@ -90,7 +91,7 @@ class TorchAttention:
                      + torch.arange(block_size, device=device)).view(nd, 1, -1)  # [B, 1, L]
             rows = (slots * hkv + torch.arange(hkv, device=device)[None, :, None]).view(-1)
             positions = torch.arange(slots.shape[-1], device=device)
-            bias = torch.zeros(nd, 1, 1, slots.shape[-1], device=device)
+            bias = torch.zeros(nd, 1, 1, slots.shape[-1], dtype=dtype, device=device)
             bias.masked_fill_((positions[None, :] >= meta.seq_lens[:nd, None])[:, None, None, :],
                               float("-inf"))
             self._rows_for, self._rows = meta, (rows, bias)

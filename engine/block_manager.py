@@ -33,8 +33,8 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
-        self.cache_queries = 0  # tokens looked up in the prefix cache
-        self.cache_hits = 0  # tokens found
+        self.cache_queries = 0  # prompt tokens looked up in the prefix cache, once a request
+        self.cache_hits = 0  # of those, tokens found
 
     @property
     def num_blocks(self) -> int:
@@ -65,8 +65,6 @@ class BlockManager:
             if block_id is None or self.blocks[block_id].token_ids != chunk:
                 break
             found.append(block_id)
-        self.cache_queries += len(tokens)
-        self.cache_hits += len(found) * self.block_size
         return found
 
     def cache_full_blocks(self, request: Request) -> None:
@@ -98,6 +96,8 @@ class BlockManager:
         """Give the request blocks for its computed + new tokens; False if they don't fit."""
         if not self.can_allocate(request, num_new_tokens, cached_block_ids):
             return False
+        if not request.block_ids and request.num_preemptions == 0:
+            self._count_lookup(request, len(cached_block_ids))
         for block_id in cached_block_ids:
             self._take(self.blocks[block_id])
             request.block_ids.append(block_id)
@@ -118,6 +118,13 @@ class BlockManager:
                 self.free_queue[block_id] = None
         request.block_ids = []
         request.block_hashes = []
+
+    def _count_lookup(self, request: Request, num_cached_blocks: int) -> None:
+        """Book a request's prefix-cache lookup at its first admission only: a lookup
+        that found no room, or one after a preemption, is a retry of the same query."""
+        if self.enable_prefix_caching:
+            self.cache_queries += request.num_prompt_tokens
+            self.cache_hits += num_cached_blocks * self.block_size
 
     def _take(self, block: Block) -> None:
         if block.ref_count == 0:

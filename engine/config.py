@@ -52,6 +52,7 @@ class EngineConfig:
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("max_consecutive_failed_steps", self.max_consecutive_failed_steps)
+        _positive("cuda_graph_max_batch", self.cuda_graph_max_batch)
         if self.num_kv_blocks is not None:
             _positive("num_kv_blocks", self.num_kv_blocks)
         if self.max_model_len is not None:

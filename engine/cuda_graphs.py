@@ -19,10 +19,11 @@ log = logging.getLogger(__name__)
 
 
 def capture_sizes(max_batch: int) -> list[int]:
-    """1, 2, 4, 8, then every 16 up to max_batch (vLLM's spacing: padding stays < 16 rows)."""
-    sizes = [s for s in (1, 2, 4, 8) if s <= max_batch]
-    sizes += list(range(16, max_batch + 1, 16))
-    return sizes
+    """1, 2, 4, 8, then every 16 up to max_batch, and max_batch itself (vLLM's spacing:
+    padding stays < 16 rows, and every batch up to max_batch has a graph)."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_batch]
+    sizes += list(range(16, max_batch, 16))
+    return sizes + [max_batch]
 
 
 class DecodeGraphs:
@@ -73,6 +74,15 @@ class DecodeGraphs:
 
     def replay(self, host: dict[str, torch.Tensor], n: int) -> torch.Tensor:
         """host: pinned CPU tensors already padded to a captured size; returns hidden [n]."""
+        size = self.load(host)
+        self.graphs[size].replay()
+        self.num_replays += 1
+        return self.outputs[size][:n]
+
+    def load(self, host: dict[str, torch.Tensor]) -> int:
+        """Copy a padded step into the input buffers; returns its size. Block-table columns
+        past the step's width keep older entries: a row reads only the blocks its seq_len
+        covers."""
         size = host["input_ids"].shape[0]
         width = host["block_tables"].shape[1]
         self.input_ids[:size].copy_(host["input_ids"], non_blocking=True)
@@ -80,6 +90,4 @@ class DecodeGraphs:
         self.slot_mapping[:size].copy_(host["slot_mapping"], non_blocking=True)
         self.seq_lens[:size].copy_(host["seq_lens"], non_blocking=True)
         self.block_tables[:size, :width].copy_(host["block_tables"], non_blocking=True)
-        self.graphs[size].replay()
-        self.num_replays += 1
-        return self.outputs[size][:n]
+        return size

@@ -80,36 +80,49 @@ def apply_penalties(logits: torch.Tensor, request: Request) -> None:
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """logits [R, V] -> probabilities [R, V] after each row's temperature, top-k, top-p and
-    min-p (greedy rows get temperature 1; the caller takes their argmax anyway)."""
+    min-p (greedy rows get temperature 1; the caller takes their argmax anyway). Top-k and
+    top-p run on the rows that ask for them only: a row without them pays no selection."""
     logits = logits / _column([p.temperature if p.temperature > 0 else 1.0 for p in params], logits)
     vocab = logits.shape[-1]
-    if any(0 < p.top_k < vocab for p in params):
-        ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-        kth_index = torch.tensor(ks, device=logits.device)[:, None] - 1
-        kth = logits.topk(max(ks), dim=-1).values.gather(1, kth_index)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+    k_rows = [i for i, p in enumerate(params) if 0 < p.top_k < vocab]
+    if k_rows:
+        logits[k_rows] = _top_k(logits[k_rows], [params[i].top_k for i in k_rows])
     probs = torch.softmax(logits, dim=-1)
-    if any(p.top_p < 1.0 for p in params):
-        probs = _top_p(probs, _column([p.top_p for p in params], probs))
+    p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    if p_rows:
+        probs[p_rows] = _top_p(probs[p_rows], _column([params[i].top_p for i in p_rows], probs))
     if any(p.min_p > 0.0 for p in params):
         min_p = _column([p.min_p for p in params], probs)
         probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
+def _top_k(logits: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """Keep each row's ks[row] largest logits (ties with the k-th included)."""
+    kth_index = torch.tensor(ks, device=logits.device)[:, None] - 1
+    kth = logits.topk(max(ks), dim=-1).values.gather(1, kth_index)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
 def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Keep each row's smallest set of most likely tokens whose mass reaches top_p
-    (rows with top_p 1 keep everything)."""
+    """Keep each row's smallest set of most likely tokens whose mass reaches top_p (< 1)."""
     if probs.is_cuda:  # a full sort is cheap there, and the shortcut's check would sync
-        values, order = probs.sort(dim=-1, descending=True)
-    else:  # on CPU sorting 50k-150k entries per row dominates sampling: try candidates first
-        values, order = probs.topk(min(TOP_P_CANDIDATES, probs.shape[-1]), dim=-1)
-        if bool((values.sum(dim=-1, keepdim=True) < top_p).any()):  # a wider nucleus
-            values, order = probs.sort(dim=-1, descending=True)
-    before = values.cumsum(dim=-1) - values  # mass strictly above each candidate
-    keep = (before < top_p) | (top_p >= 1.0)
-    kept = torch.zeros_like(probs).scatter_(1, order, values * keep)
-    return torch.where(top_p >= 1.0, probs, kept)
+        return _nucleus(probs, top_p, *probs.sort(dim=-1, descending=True))
+    # on CPU sorting 50k-150k entries per row dominates sampling: try candidates first
+    values, order = probs.topk(min(TOP_P_CANDIDATES, probs.shape[-1]), dim=-1)
+    kept = _nucleus(probs, top_p, values, order)
+    wide = (values.sum(dim=-1) < top_p[:, 0]).nonzero().flatten().tolist()
+    if wide:  # nuclei wider than the candidates: sort those rows' whole vocabulary
+        rows = probs[wide]
+        kept[wide] = _nucleus(rows, top_p[wide], *rows.sort(dim=-1, descending=True))
+    return kept
+
+
+def _nucleus(probs, top_p, values, order) -> torch.Tensor:
+    """probs [R, V] -> kept [R, V], from each row's most likely tokens (values/order
+    [R, C], descending): those with less than top_p of the mass strictly above them."""
+    before = values.cumsum(dim=-1) - values
+    return torch.zeros_like(probs).scatter_(1, order, values * (before < top_p))
 
 
 def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:

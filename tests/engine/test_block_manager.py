@@ -90,3 +90,35 @@ def test_chunked_prefill_respects_token_budget():
         sizes.append(batch.num_new_tokens[0])
         r.num_computed_tokens += batch.num_new_tokens[0]
     assert sizes == [5, 5, 2]
+
+
+def run_step(sched, bm):
+    """Schedule one step and book it as the engine does, two tokens generated per request."""
+    batch = sched.schedule()
+    for r, n in zip(batch.requests, batch.num_new_tokens):
+        r.num_computed_tokens += n
+        bm.cache_full_blocks(r)
+        r.all_token_ids.extend([1, 2])
+    return batch
+
+
+def test_prefix_cache_counters_book_each_request_once():
+    bm = BlockManager(num_blocks=5, block_size=4)
+    sched = StepScheduler(bm, max_num_seqs=8, token_budget=64)
+    r0, r1 = make(range(7), "r0"), make(range(100, 107), "r1")
+    sched.add(r0)
+    sched.add(r1)
+    run_step(sched, bm)
+    assert (bm.cache_queries, bm.cache_hits) == (14, 0)
+    assert run_step(sched, bm).preempted == [r1]  # both need a third block
+    for _ in range(2):  # r1 finds its own freed block but waits for room, step after step
+        assert [r.request_id for r in run_step(sched, bm).requests] == ["r0"]
+    sched.finish(r0, "length")
+    r2 = make(list(range(4)) + [50, 51, 52], "r2")  # r0's first block
+    sched.add(r2)
+    run_step(sched, bm)
+    assert sched.running == [r1, r2] and r2.num_cached_tokens == 4
+    assert (bm.cache_queries, bm.cache_hits) == (14 + 7, 4)
+    for r in list(sched.running):
+        sched.finish(r, "length")
+    assert bm.num_free_blocks == 5

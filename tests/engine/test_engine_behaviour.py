@@ -23,18 +23,29 @@ def test_prefix_cache_hit_reports_cached_tokens_and_same_output(llm):
     assert_all_blocks_free(llm.core)
 
 
-def test_preemption_with_small_pool_gives_same_outputs(llm):
-    prompts = [f"Story {i}: the dragon and the {w} went to" for i, w in
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_preemption_with_small_pool_gives_same_outputs(llm, prefix_caching):
+    # a shared first block: later requests hit it, and preempted ones find their own blocks
+    prompts = [f"Once upon a time, in a kingdom by the sea, lived a dragon. Story {i}: the "
+               f"dragon and the {w} went to" for i, w in
                enumerate(["knight", "baker", "robot", "cat", "poet", "sailor"])]
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     big = llm.generate(prompts, params)
-    # 12 blocks of 16 tokens cannot hold 6 requests of ~55 tokens at once
-    small = LLM(model="default", device="cpu", num_kv_blocks=12, enable_prefix_caching=False)
+    # 14 blocks of 16 tokens cannot hold 4 requests of ~70 tokens at once; the last two
+    # requests start once the first block is cached
+    small = LLM(model="default", device="cpu", num_kv_blocks=14, max_num_seqs=4,
+                enable_prefix_caching=prefix_caching)
     outs = small.generate(prompts, params)
-    assert small.core.scheduler.num_preemptions > 0
+    stats = small.core.stats()
+    assert stats.num_preemptions > 0
     assert [o.token_ids for o in outs] == [o.token_ids for o in big]
     assert all(o.finish_reason == "length" and len(o.token_ids) == 40 for o in outs)
     assert_all_blocks_free(small.core)
+    # each request's lookup counts once, however often it was rescheduled
+    lookups = sum(o.num_prompt_tokens for o in outs) if prefix_caching else 0
+    assert stats.prefix_cache_queries == lookups
+    assert stats.prefix_cache_hits == sum(o.num_cached_tokens for o in outs)
+    assert (stats.prefix_cache_hits > 0) == prefix_caching
 
 
 def test_abort_frees_blocks(llm):
