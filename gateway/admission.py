@@ -32,8 +32,8 @@ class Ticket:
         self._controller = controller
         self._ticket = ticket
 
-    def release(self, tokens_generated: int = 0) -> None:
-        self._controller.release(self._ticket, tokens_generated)
+    def release(self, tokens_generated: int = 0, finish_reason: str | None = None) -> None:
+        self._controller.release(self._ticket, tokens_generated, finish_reason)
 
 
 class InflightCounter:
@@ -83,6 +83,10 @@ class Gate:
             self.controller.release(ticket)  # cancelled while queued: give the place back
             raise
         return Ticket(self.controller, ticket)
+
+    def refuse_queued(self, code: str, retry_after_ms: int, message: str) -> None:
+        """Refuse every request still waiting for an engine slot (the drain's deadline)."""
+        self.controller.refuse_queued(code, retry_after_ms, message)
 
     def _refusal(self, exc: Rejected, request_id: str | None) -> ProtocolError:
         self._metrics.rejections.labels(exc.code).inc()

@@ -5,7 +5,8 @@
                    while the model loads) ... stop it and close the store
       on_shutdown: close every open socket (1012 after a drain, else 1001)
     drain(app): /ready -> 503, `draining` to every socket, in-flight work finishes up to
-                drain_timeout_s, the rest is cancelled, sockets close with 1012
+                drain_timeout_s, the rest is cancelled, sockets close with 1012; all done
+                within drain_timeout_s + drain_grace_s
 """
 from __future__ import annotations
 
@@ -135,35 +136,51 @@ def _freeze_startup_heap() -> None:
 
 
 async def drain(app: web.Application) -> None:
-    """Stop taking work, let in-flight requests finish (up to drain_timeout_s), cancel the
-    rest and close every socket with 1012. The listener is stopped by the caller after."""
+    """Stop taking work, let in-flight requests finish (up to drain_timeout_s), then end
+    the rest and close every socket with 1012, all within drain_grace_s more. The listener
+    is stopped by the caller after.
+
+        0 ........ drain_timeout_s ........ + grace/2 ............ + grace
+        `draining`, wait for streams  |  refuse the queue,     |  close sockets;
+                                      |  cancel WS/SSE streams |  drop the unanswered
+    """
     rt = app[RUNTIME]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + rt.config.drain_timeout_s
     rt.status, rt.reason = "draining", "draining"
     notice = {"type": "draining", "reconnect_after_ms": rt.config.reconnect_after_ms}
     for conn in list(rt.connections):
-        conn.outbox.put(notice)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + rt.config.drain_timeout_s
+        conn.notify(notice)
     while _busy(rt) and loop.time() < deadline:
         await asyncio.sleep(0.05)
-    tasks = []
-    for conn in list(rt.connections):
-        for stream in list(conn.streams.values()):
-            stream.cancel_requested, stream.error = True, "server draining"
-            stream.task.cancel()
-            tasks.append(stream.task)
-    await asyncio.gather(*tasks, return_exceptions=True)
-    await _close_sockets(app)
+    grace = rt.config.drain_grace_s
+    rt.gate.refuse_queued("draining", rt.config.reconnect_after_ms,
+                          "the server is shutting down; reconnect later")
+    await _cancel_streams(rt, grace / 2)
+    await _close_sockets(app, max(0.0, deadline + grace - loop.time()))
 
 
 def _busy(rt: Runtime) -> bool:
     return bool(rt.http_streams) or any(conn.streams for conn in rt.connections)
 
 
-async def _close_sockets(app: web.Application) -> None:
+async def _cancel_streams(rt: Runtime, timeout: float) -> None:
+    """Cancel every WS and HTTP stream; each ends with its terminal event (a `done`
+    cancelled, an SSE error event and [DONE]) unless it takes longer than `timeout`."""
+    streams = [s for conn in rt.connections for s in conn.streams.values()]
+    streams += rt.http_streams
+    for stream in streams:
+        stream.cancel_requested, stream.error = True, "server draining"
+        stream.task.cancel()
+    if streams:
+        await asyncio.wait([s.task for s in streams], timeout=timeout)
+
+
+async def _close_sockets(app: web.Application, timeout: float | None = None) -> None:
     rt = app[RUNTIME]
     code = CLOSE_SERVICE_RESTART if rt.status == "draining" else WSCloseCode.GOING_AWAY
-    await asyncio.gather(*(conn.close(code, b"server shutting down")
+    timeout = rt.config.drain_grace_s if timeout is None else timeout
+    await asyncio.gather(*(conn.close(code, b"server shutting down", timeout)
                            for conn in list(rt.connections)), return_exceptions=True)
 
 

@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="max_tokens of a request that names none")
     g.add_argument("--drain-timeout", type=float, default=D.drain_timeout_s,
                    help="seconds in-flight turns get to finish on SIGTERM")
+    g.add_argument("--drain-grace", type=float, default=D.drain_grace_s,
+                   help="seconds after the drain timeout for cut streams to end and "
+                        "sockets to close (default %(default)s)")
     g.add_argument("--reconnect-after", type=int, default=D.reconnect_after_ms,
                    help="milliseconds sent with `draining` (default %(default)s)")
     s = parser.add_argument_group("auth and sessions")
@@ -85,6 +88,7 @@ def gateway_config(args: argparse.Namespace, environ: dict) -> GatewayConfig:
         send_timeout_s=args.send_timeout, max_inflight_per_socket=args.max_inflight,
         max_pending_frames=args.max_pending_frames, max_tokens_cap=args.max_tokens_cap,
         default_max_tokens=args.default_max_tokens, drain_timeout_s=args.drain_timeout,
+        drain_grace_s=args.drain_grace,
         reconnect_after_ms=args.reconnect_after, api_keys=tuple(_api_keys(args, environ)),
         allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()))
 

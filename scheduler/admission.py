@@ -23,6 +23,7 @@ from scheduler.policy import (ADMIT, KINDS, OVERLOADED, REJECT, AdmissionRequest
 from scheduler.signals import DrainRate, ResourceSampler
 
 QUEUED, RUNNING, DONE = "queued", "running", "done"
+FINISHED = frozenset({"stop", "length"})  # the finish reasons of completed work
 
 
 class Rejected(Exception):
@@ -115,15 +116,22 @@ class AdmissionController:
 
     async def stop(self) -> None:
         """Refuse everything still queued; stop sampling."""
+        self.refuse_queued(OVERLOADED, self.config.retry_after_max_ms, "server stopping")
+        if self.sampler is not None:
+            await self.sampler.stop()
+
+    def refuse_queued(self, code: str, retry_after_ms: int, message: str) -> None:
+        """Refuse every queued ticket now (a drain's deadline, shutdown): each waiter gets
+        Rejected, and no queued request takes a slot that a cancelled one gives back."""
+        now = self.clock()
         for bucket in list(self._queue.values()):
             for ticket in list(bucket.values()):
                 self._unqueue(ticket)
                 ticket.state = DONE
+                self._count_out(ticket, 0, now)
                 if not ticket._future.done():
-                    ticket._future.set_exception(
-                        Rejected(OVERLOADED, self.config.retry_after_max_ms, "server stopping"))
-        if self.sampler is not None:
-            await self.sampler.stop()
+                    ticket._future.set_exception(Rejected(code, retry_after_ms, message))
+        self._update_busy(now)
 
     # -- the door -----------------------------------------------------------------------
     def try_admit(self, kind: str, priority: int = 0, prompt_tokens: int = 0,
@@ -157,8 +165,13 @@ class AdmissionController:
         self._update_busy(now)
         return ticket
 
-    def release(self, ticket: Ticket, tokens_generated: int = 0) -> None:
-        """The request is over (finished, cancelled or failed); free its place. Idempotent."""
+    def release(self, ticket: Ticket, tokens_generated: int = 0,
+                finish_reason: str | None = None) -> None:
+        """The request is over (finished, cancelled or failed); free its place. Idempotent.
+
+        Only a request that finished (`stop`, `length`) counts toward the drain rate: a
+        cancelled or failed one frees its slot early, and counting it would promise
+        retries sooner than the engine can serve them."""
         if ticket.state == DONE:
             return
         now = self.clock()
@@ -166,7 +179,8 @@ class AdmissionController:
             self._unqueue(ticket)
         else:
             del self._running[ticket.id]
-            self.drain.record(now, ticket.prompt_tokens)
+            if finish_reason in FINISHED:
+                self.drain.record(now, ticket.prompt_tokens)
         ticket.state = DONE
         if ticket._future is not None and not ticket._future.done():
             ticket._future.cancel()

@@ -43,7 +43,8 @@ def test_every_gateway_field_has_a_flag():
     args = parse("--host", "0.0.0.0", "--port", "9", "--max-message-bytes", "7",
                  "--heartbeat", "3", "--receive-timeout", "4", "--send-timeout", "5",
                  "--max-inflight", "6", "--max-pending-frames", "8", "--max-tokens-cap", "99",
-                 "--default-max-tokens", "9", "--drain-timeout", "10", "--reconnect-after", "11",
+                 "--default-max-tokens", "9", "--drain-timeout", "10", "--drain-grace", "2",
+                 "--reconnect-after", "11",
                  "--api-key", "a", "--allowed-origins", "http://x, http://y")
     config = server_cli.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
     defaults = GatewayConfig()
