@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.errors import InvalidRequestError
+from engine.errors import ConfigError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -49,16 +49,16 @@ class EngineConfig:
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         if not 0.0 < self.kv_memory_fraction <= 1.0:
-            raise InvalidRequestError("kv_memory_fraction", "must be in (0, 1]")
+            raise ConfigError("kv_memory_fraction", "must be in (0, 1]")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
-            raise InvalidRequestError("dtype", f"must be auto or one of {sorted(_DTYPES)}")
+            raise ConfigError("dtype", f"must be auto or one of {sorted(_DTYPES)}")
         if self.attention_backend not in ("auto", "torch", "triton", "cpu"):
-            raise InvalidRequestError("attention_backend", "must be auto, torch, triton or cpu")
+            raise ConfigError("attention_backend", "must be auto, torch, triton or cpu")
         if self.attention_backend == "cpu" and self.resolved_device().type != "cpu":
-            raise InvalidRequestError("attention_backend", "cpu needs device cpu")
+            raise ConfigError("attention_backend", "cpu needs device cpu")
         if (self.attention_backend == "triton" and self.resolved_device().type == "cpu"
                 and os.environ.get("TRITON_INTERPRET") != "1"):
-            raise InvalidRequestError("attention_backend",
+            raise ConfigError("attention_backend",
                                       "triton needs a CUDA device (or TRITON_INTERPRET=1 on CPU)")
 
     def resolved_device(self) -> torch.device:
@@ -79,4 +79,4 @@ class EngineConfig:
 
 def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or value <= 0:
-        raise InvalidRequestError(name, "must be a positive integer")
+        raise ConfigError(name, "must be a positive integer")

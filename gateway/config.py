@@ -8,13 +8,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-
-class ConfigError(ValueError):
-    """A gateway setting is out of range; `field` names it."""
-
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
+from engine.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

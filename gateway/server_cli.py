@@ -16,7 +16,8 @@ import signal
 
 from aiohttp import web
 
-from gateway.config import ConfigError, GatewayConfig
+from engine.errors import ConfigError
+from gateway.config import GatewayConfig
 from gateway.flags import add_config_flags, config_values
 from gateway.session_store import SessionStoreConfig
 from scheduler.config import SchedulerConfig

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineConfig
+from engine.errors import ConfigError
 from gateway import server_cli
 from gateway.config import GatewayConfig
 from gateway.session_store import SessionStoreConfig
@@ -78,6 +79,18 @@ def test_bad_values_exit_2_naming_the_field(caplog):
     args = parse("--kv-usage-enter", "0.5", "--kv-usage-leave", "0.9")
     assert server_cli.run(args) == 2
     assert "kv_usage_leave" in caplog.text
+
+
+@pytest.mark.parametrize("build, field", [
+    (lambda: GatewayConfig(port=-1), "port"),
+    (lambda: SchedulerConfig(ttft_bound_s=0), "ttft_bound_s"),
+    (lambda: SessionStoreConfig(ttl_s=0), "ttl_s"),
+    (lambda: EngineConfig(block_size=0), "block_size"),
+])
+def test_every_layer_refuses_bad_config_with_one_error_naming_the_field(build, field):
+    with pytest.raises(ConfigError) as info:
+        build()
+    assert info.value.field == field
 
 
 def test_readme_documents_every_flag():
