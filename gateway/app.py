@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine.async_engine import AsyncEngine
 from gateway import openai_api
-from gateway.admission import Gate
+from gateway.gate import Gate
 from gateway.config import GatewayConfig
 from gateway.metrics import GpuSampler, Metrics
 from gateway.session_store import MemorySessionStore, SessionStore

@@ -19,7 +19,6 @@ from engine.errors import EngineError
 from gateway import protocol as p
 from gateway.outbox import CLOSE_SLOW_CONSUMER, Outbox, OutboxFull, run_writer
 from gateway.params import build_params
-from gateway.admission import InflightCounter
 from gateway.sessions import LiveSession
 from gateway.state import Runtime
 from gateway.stream import Stream
@@ -40,7 +39,6 @@ class Connection:
         self.resumed = resumed
         self.tag = f"ws{next(_conn_ids)}"
         self.streams: dict[str, Stream] = {}
-        self.inflight = InflightCounter()
         self.outbox = Outbox(rt.config.max_pending_frames)
         self._engine_ids = itertools.count()
         self._background: set[asyncio.Task] = set()
@@ -286,7 +284,7 @@ class Connection:
             prompt = await render(stream, params.max_tokens)
             if prompt is None:
                 return
-            ticket = await self.rt.gate.admit(stream.id, self.inflight, stream.kind,
+            ticket = await self.rt.gate.admit(stream.id, self, stream.kind,
                                               params.priority, len(prompt),
                                               self.session.record.owner)
             stream.admitted = time.perf_counter()

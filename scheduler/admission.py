@@ -3,7 +3,7 @@
     gateway: ticket = controller.try_admit(...)   # microseconds; raises Rejected
              await ticket.wait()                  # until an engine slot is free
              ... engine.generate(...) ...
-             controller.release(ticket, n_out)    # always, in a finally
+             ticket.release(n_out, finish_reason) # always, in a finally
 
 At most `max_running_requests` tickets hold engine slots; the rest wait in a bounded
 priority queue here (chat turns first, then higher `priority`, then arrival order), so
@@ -79,6 +79,10 @@ class Ticket:
             raise Rejected(OVERLOADED, self._controller.config.retry_after_min_ms,
                            "request was released before it got an engine slot")
         return self.queue_time_s
+
+    def release(self, tokens_generated: int = 0, finish_reason: str | None = None) -> None:
+        """The request is over: free its place (AdmissionController.release). Idempotent."""
+        self._controller.release(self, tokens_generated, finish_reason)
 
 
 class AdmissionController:
