@@ -36,7 +36,6 @@ class EngineConfig:
     attention_backend: str = "auto"
     use_cuda_graph: bool = True
     cuda_graph_max_batch: int = 512
-    num_threads: int | None = None  # CPU intra-op threads; None: torch's default
     cpu_weight_prepack: bool = True  # CPU fp32: weights packed at load (C++ matmul, else oneDNN)
     seed: int = 0
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -40,16 +39,18 @@ def build_app(config: GatewayConfig, *, engine: AsyncEngine | None = None,
               engine_factory: Callable[[], AsyncEngine] | None = None,
               store: SessionStore | None = None,
               gpu_sampler: GpuSampler | None = None,
-              scheduler_config: SchedulerConfig | None = None) -> web.Application:
+              scheduler_config: SchedulerConfig | None = None,
+              on_ready: Callable[[], None] | None = None) -> web.Application:
     """An app serving `engine` (already started, owned by the caller) or the engine that
     `engine_factory` builds (loaded in a thread, started and stopped by the app).
-    `scheduler_config` sets admission and backpressure limits (None: defaults)."""
+    `scheduler_config` sets admission and backpressure limits (None: defaults);
+    `on_ready` runs once the engine is ready (the entry point's process-wide settings)."""
     if (engine is None) == (engine_factory is None):
         raise ValueError("give exactly one of engine or engine_factory")
     rt = _runtime(config, store or MemorySessionStore(), gpu_sampler, scheduler_config)
     app = web.Application(client_max_size=config.max_message_bytes)
     app[RUNTIME] = rt
-    app.cleanup_ctx.append(_lifecycle(engine, engine_factory))
+    app.cleanup_ctx.append(_lifecycle(engine, engine_factory, on_ready))
     app.on_shutdown.append(_close_sockets)
     app.router.add_get("/", index)
     app.router.add_get("/health", health)
@@ -82,15 +83,16 @@ def _runtime(config: GatewayConfig, store: SessionStore, gpu_sampler,
     return rt
 
 
-def _lifecycle(engine: AsyncEngine | None, factory: Callable[[], AsyncEngine] | None):
+def _lifecycle(engine: AsyncEngine | None, factory: Callable[[], AsyncEngine] | None,
+               on_ready: Callable[[], None] | None):
     async def ctx(app: web.Application):
         rt = app[RUNTIME]
         await rt.gate.start()
         loader = None
         if engine is not None:
-            _set_ready(rt, engine)
+            _set_ready(rt, engine, on_ready)
         else:
-            loader = asyncio.create_task(_load(rt, factory))
+            loader = asyncio.create_task(_load(rt, factory, on_ready))
         yield
         if loader is not None:
             loader.cancel()
@@ -104,7 +106,8 @@ def _lifecycle(engine: AsyncEngine | None, factory: Callable[[], AsyncEngine] | 
     return ctx
 
 
-async def _load(rt: Runtime, factory: Callable[[], AsyncEngine]) -> None:
+async def _load(rt: Runtime, factory: Callable[[], AsyncEngine],
+                on_ready: Callable[[], None] | None) -> None:
     try:
         engine = await asyncio.to_thread(factory)
         await engine.start()
@@ -112,27 +115,16 @@ async def _load(rt: Runtime, factory: Callable[[], AsyncEngine]) -> None:
         log.exception("model failed to load")
         rt.status, rt.reason = "failed", f"model failed to load: {exc}"
         return
-    _set_ready(rt, engine)
+    _set_ready(rt, engine, on_ready)
     log.info("model %s loaded; ready", engine.model_name)
 
 
-def _set_ready(rt: Runtime, engine: AsyncEngine) -> None:
+def _set_ready(rt: Runtime, engine: AsyncEngine, on_ready: Callable[[], None] | None) -> None:
     rt.engine = engine
-    _freeze_startup_heap()
+    if on_ready is not None:
+        on_ready()
     if rt.status == "loading":
         rt.status, rt.reason = "ready", ""
-
-
-def _freeze_startup_heap() -> None:
-    """Put everything alive once the model is up (weights' wrappers, tokenizer, imported
-    modules: ~380k objects on the default model) beyond the garbage collector's reach.
-
-    A full collection walks every tracked object with the GIL held, so it stalls the event
-    loop and the engine together: ~190 ms per collection with this heap (BENCHMARKS.md).
-    Frozen, a full collection walks only what serving allocated since. Garbage is
-    collected first so that none of it is kept for good."""
-    gc.collect()
-    gc.freeze()
 
 
 async def drain(app: web.Application) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -40,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--model", default="default", help='"default", a local HF directory or "dummy:NAME"')
     a("--device", default="auto", help="auto | cpu | cuda[:N]")
     a("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    a("--num-threads", type=int, default=None,
+      help="torch's CPU intra-op threads for the whole process (default: torch's)")
     g = parser.add_argument_group("gateway limits")
     g.add_argument("--max-message-bytes", type=int, default=D.max_message_bytes,
                    help="largest client frame; larger closes the socket with 1009")
@@ -133,12 +136,43 @@ def run(args: argparse.Namespace) -> int:
         engine_cfg = engine_config(args)
         sched_cfg = scheduler_config(args)
         store_cfg = session_store_config(args)
+        set_num_threads(args.num_threads)
     except (ConfigError, ValueError, OSError) as exc:
         log.error("bad configuration: %s", exc)
         return 2
     import uvloop
 
-    return uvloop.run(serve(config, engine_cfg, sched_cfg, store_cfg))
+    code = uvloop.run(serve(config, engine_cfg, sched_cfg, store_cfg))
+    # Everything that must outlive the process (sessions, sockets) is closed by now; the
+    # interpreter's own teardown of the model and the frozen startup heap would add about
+    # half a second to a drain that has promised to end within its bound.
+    logging.shutdown()
+    os._exit(code)
+
+
+def set_num_threads(num_threads: int | None) -> None:
+    """torch's CPU intra-op threads: a setting of the whole process, so only the entry
+    point makes it (None keeps torch's default)."""
+    if num_threads is None:
+        return
+    if num_threads <= 0:
+        raise ConfigError("num_threads", "must be a positive integer")
+    import torch
+
+    torch.set_num_threads(num_threads)
+
+
+def freeze_startup_heap() -> None:
+    """Put everything alive once the model is up (weights' wrappers, tokenizer, imported
+    modules: ~380k objects on the default model) beyond the garbage collector's reach.
+
+    A full collection walks every tracked object with the GIL held, so it stalls the event
+    loop and the engine together: ~190 ms per collection with this heap (BENCHMARKS.md).
+    Frozen, a full collection walks only what serving allocated since. Garbage is
+    collected first so that none of it is kept for good. The collector is the process's,
+    so the entry point decides this: build_app calls it once the model is ready."""
+    gc.collect()
+    gc.freeze()
 
 
 async def serve(config: GatewayConfig, engine_cfg, sched_cfg: SchedulerConfig,
@@ -149,7 +183,7 @@ async def serve(config: GatewayConfig, engine_cfg, sched_cfg: SchedulerConfig,
 
     store = make_session_store(store_cfg)
     app = build_app(config, engine_factory=lambda: AsyncEngine(engine_cfg), store=store,
-                    scheduler_config=sched_cfg)
+                    scheduler_config=sched_cfg, on_ready=freeze_startup_heap)
     runner = make_runner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port).start()
@@ -162,10 +196,13 @@ async def serve(config: GatewayConfig, engine_cfg, sched_cfg: SchedulerConfig,
     await stop.wait()
     stop.clear()
     log.info("draining (up to %.0fs; signal again to skip)", config.drain_timeout_s)
+    started = loop.time()
     drain_task = asyncio.create_task(drain(app))
     second_signal = asyncio.create_task(stop.wait())
     await asyncio.wait([drain_task, second_signal], return_when=asyncio.FIRST_COMPLETED)
     drain_task.cancel()
     second_signal.cancel()
+    log.info("drained in %.2fs; stopping", loop.time() - started)
     await runner.cleanup()
+    log.info("stopped %.2fs after the signal", loop.time() - started)
     return 0

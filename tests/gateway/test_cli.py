@@ -67,7 +67,7 @@ def test_engine_and_scheduler_flags_typed_and_none_switches_off():
                  "--kv-usage-enter", "0.5", "--kv-usage-leave", "0.4",
                  "--max-inflight-per-key", "none")
     engine = server_cli.engine_config(args)
-    assert engine.num_threads == 1 and engine.enable_prefix_caching is False
+    assert args.num_threads == 1 and engine.enable_prefix_caching is False
     sched = server_cli.scheduler_config(args)
     assert (sched.max_running_requests, sched.kv_usage_enter, sched.max_inflight_per_key) == (
         3, 0.5, None)
@@ -91,6 +91,23 @@ def test_every_layer_refuses_bad_config_with_one_error_naming_the_field(build, f
     with pytest.raises(ConfigError) as info:
         build()
     assert info.value.field == field
+
+
+def test_num_threads_is_set_by_the_entry_point_only():
+    """Threads are the whole process's: `tokenwire serve` sets them, the engine never."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        server_cli.set_num_threads(None)
+        assert torch.get_num_threads() == before
+        server_cli.set_num_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ConfigError):
+        server_cli.set_num_threads(0)
+    assert "num_threads" not in {f.name for f in dataclasses.fields(EngineConfig)}
 
 
 def test_readme_documents_every_flag():

@@ -10,6 +10,7 @@ import asyncio
 
 import aiohttp
 import pytest
+import torch
 from aiohttp import web
 
 from engine.async_engine import AsyncEngine
@@ -39,8 +40,9 @@ def _inject(core) -> None:
 
 @pytest.fixture
 async def faulty_server():
+    torch.set_num_threads(1)
     config = EngineConfig(model="default", device="cpu", num_kv_blocks=256,
-                          max_model_len=1024, num_threads=1)
+                          max_model_len=1024)
     engine = await asyncio.to_thread(AsyncEngine, config)
     _inject(engine.core)
     await engine.start()
