@@ -253,9 +253,7 @@ async def _sse(request: web.Request, rt: Runtime, req: _Common, prompt, params,
             if not stream.cancel_requested:
                 raise  # the client hung up: nobody to tell
             asyncio.current_task().uncancel()
-            stream.finish_reason = "cancelled"
-            await _event(resp, {"error": {"message": stream.error, "type": "server_error",
-                                          "param": None, "code": "draining"}})
+            await _sse_cut(resp, stream)
     rt.metrics.observe_done(stream, time.perf_counter())
     if req.stream_options is not None and req.stream_options.include_usage:
         await _event(resp, {**_head(rt, stream, chat, chunk=True), "choices": [],
@@ -263,6 +261,13 @@ async def _sse(request: web.Request, rt: Runtime, req: _Common, prompt, params,
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
+
+
+async def _sse_cut(resp: web.StreamResponse, stream: Stream) -> None:
+    """A stream the drain ended: OpenAI's error event; [DONE] follows as on every stream."""
+    stream.finish_reason = "cancelled"
+    await _event(resp, {"error": {"message": stream.error, "type": "server_error",
+                                  "param": None, "code": "draining"}})
 
 
 async def _sse_output(resp: web.StreamResponse, rt: Runtime, stream: Stream, out,
