@@ -1,12 +1,23 @@
-"""tokenwire's engine: continuous batching over a paged KV cache (see DESIGN.md, Engine)."""
-from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
-from engine.errors import (EngineDeadError, EngineError, InvalidRequestError, ModelLoadError,
-                           PromptTooLongError)
-from engine.llm import LLM
-from engine.outputs import CompletionOutput, EngineStats, RequestOutput
-from engine.sampling_params import SamplingParams
+"""tokenwire's engine: continuous batching over a paged KV cache (see DESIGN.md, Engine).
 
-__all__ = ["AsyncEngine", "CompletionOutput", "EngineConfig", "EngineDeadError", "EngineError",
-           "EngineStats", "InvalidRequestError", "LLM", "ModelLoadError", "PromptTooLongError",
-           "RequestOutput", "SamplingParams"]
+The names below load on first use, so that `engine.errors` and `engine.outputs` (plain
+Python) can be imported by the scheduler and the gateway without loading torch.
+"""
+import importlib
+
+_EXPORTS = {
+    "AsyncEngine": "engine.async_engine", "EngineConfig": "engine.config",
+    "ConfigError": "engine.errors", "EngineDeadError": "engine.errors",
+    "EngineError": "engine.errors", "InvalidRequestError": "engine.errors",
+    "ModelLoadError": "engine.errors", "PromptTooLongError": "engine.errors",
+    "LLM": "engine.llm", "CompletionOutput": "engine.outputs", "EngineStats": "engine.outputs",
+    "RequestOutput": "engine.outputs", "SamplingParams": "engine.sampling_params",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.errors import InvalidRequestError
+from engine.errors import ConfigError
 
 # The KV pool's cap on CPU when kv_cache_max_bytes is None: the pool is allocated whole at
 # start, and on CPU it competes with the rest of the host's memory.
@@ -40,7 +40,6 @@ class EngineConfig:
     attention_backend: str = "auto"
     use_cuda_graph: bool = True
     cuda_graph_max_batch: int = 512
-    num_threads: int | None = None  # CPU intra-op threads; None: torch's default
     cpu_weight_prepack: bool = True  # CPU fp32: weights packed at load (C++ matmul, else oneDNN)
     seed: int = 0
     # A failed step ends only its own requests; this many failed steps in a row mean the
@@ -58,16 +57,16 @@ class EngineConfig:
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         if not 0.0 < self.kv_memory_fraction <= 1.0:
-            raise InvalidRequestError("kv_memory_fraction", "must be in (0, 1]")
+            raise ConfigError("kv_memory_fraction", "must be in (0, 1]")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
-            raise InvalidRequestError("dtype", f"must be auto or one of {sorted(_DTYPES)}")
+            raise ConfigError("dtype", f"must be auto or one of {sorted(_DTYPES)}")
         if self.attention_backend not in ("auto", "torch", "triton", "cpu"):
-            raise InvalidRequestError("attention_backend", "must be auto, torch, triton or cpu")
+            raise ConfigError("attention_backend", "must be auto, torch, triton or cpu")
         if self.attention_backend == "cpu" and self.resolved_device().type != "cpu":
-            raise InvalidRequestError("attention_backend", "cpu needs device cpu")
+            raise ConfigError("attention_backend", "cpu needs device cpu")
         if (self.attention_backend == "triton" and self.resolved_device().type == "cpu"
                 and os.environ.get("TRITON_INTERPRET") != "1"):
-            raise InvalidRequestError("attention_backend",
+            raise ConfigError("attention_backend",
                                       "triton needs a CUDA device (or TRITON_INTERPRET=1 on CPU)")
 
     def resolved_device(self) -> torch.device:
@@ -88,4 +87,4 @@ class EngineConfig:
 
 def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or value <= 0:
-        raise InvalidRequestError(name, "must be a positive integer")
+        raise ConfigError(name, "must be a positive integer")

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -28,8 +26,6 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig):
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
         loaded = load_model(config.model, config.resolved_device(), config.resolved_dtype(),
                             config.seed)
         self.tokenizer = loaded.tokenizer

@@ -1,4 +1,15 @@
-"""Exceptions the engine raises at its boundary; each maps to one protocol error code."""
+"""Exceptions the engine raises at its boundary; each request error maps to one protocol
+error code. ConfigError is every layer's bad-configuration error (engine, scheduler and
+gateway configs alike): it lives here, the lowest layer that needs it, and importing it
+loads no torch."""
+
+
+class ConfigError(ValueError):
+    """A configuration field is out of range; `field` names it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
 
 
 class EngineError(Exception):

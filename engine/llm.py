@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from tqdm import tqdm
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.errors import ConfigError
 from engine.outputs import CompletionOutput
 from engine.sampling_params import SamplingParams
 
@@ -16,9 +18,19 @@ class LLM:
 
     >>> llm = LLM(model="default", device="cpu")
     >>> llm.generate(["Hi"], SamplingParams(max_tokens=8, temperature=0))[0].text
+
+    LLM is the Python API's entry point, so it is where `num_threads` (torch's CPU
+    intra-op threads, a setting of the whole process) is applied; the engine itself never
+    sets process-wide state (an application embedding AsyncEngine sets its own threads).
     """
 
-    def __init__(self, model: str = "default", device: str = "auto", **config):
+    def __init__(self, model: str = "default", device: str = "auto",
+                 num_threads: int | None = None, **config):
+        if num_threads is not None:
+            if isinstance(num_threads, bool) or not isinstance(num_threads, int) \
+                    or num_threads <= 0:
+                raise ConfigError("num_threads", "must be a positive integer")
+            torch.set_num_threads(num_threads)
         self.core = EngineCore(EngineConfig(model=model, device=device, **config))
 
     @property

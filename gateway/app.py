@@ -5,13 +5,13 @@
                    while the model loads) ... stop it and close the store
       on_shutdown: close every open socket (1012 after a drain, else 1001)
     drain(app): /ready -> 503, `draining` to every socket, in-flight work finishes up to
-                drain_timeout_s, the rest is cancelled, sockets close with 1012
+                drain_timeout_s, the rest is cancelled, sockets close with 1012; all done
+                within drain_timeout_s + drain_grace_s
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine.async_engine import AsyncEngine
 from gateway import openai_api
-from gateway.admission import Gate
+from gateway.gate import Gate
 from gateway.config import GatewayConfig
 from gateway.metrics import GpuSampler, Metrics
 from gateway.session_store import MemorySessionStore, SessionStore
@@ -39,16 +39,18 @@ def build_app(config: GatewayConfig, *, engine: AsyncEngine | None = None,
               engine_factory: Callable[[], AsyncEngine] | None = None,
               store: SessionStore | None = None,
               gpu_sampler: GpuSampler | None = None,
-              scheduler_config: SchedulerConfig | None = None) -> web.Application:
+              scheduler_config: SchedulerConfig | None = None,
+              on_ready: Callable[[], None] | None = None) -> web.Application:
     """An app serving `engine` (already started, owned by the caller) or the engine that
     `engine_factory` builds (loaded in a thread, started and stopped by the app).
-    `scheduler_config` sets admission and backpressure limits (None: defaults)."""
+    `scheduler_config` sets admission and backpressure limits (None: defaults);
+    `on_ready` runs once the engine is ready (the entry point's process-wide settings)."""
     if (engine is None) == (engine_factory is None):
         raise ValueError("give exactly one of engine or engine_factory")
     rt = _runtime(config, store or MemorySessionStore(), gpu_sampler, scheduler_config)
     app = web.Application(client_max_size=config.max_message_bytes)
     app[RUNTIME] = rt
-    app.cleanup_ctx.append(_lifecycle(engine, engine_factory))
+    app.cleanup_ctx.append(_lifecycle(engine, engine_factory, on_ready))
     app.on_shutdown.append(_close_sockets)
     app.router.add_get("/", index)
     app.router.add_get("/health", health)
@@ -81,15 +83,16 @@ def _runtime(config: GatewayConfig, store: SessionStore, gpu_sampler,
     return rt
 
 
-def _lifecycle(engine: AsyncEngine | None, factory: Callable[[], AsyncEngine] | None):
+def _lifecycle(engine: AsyncEngine | None, factory: Callable[[], AsyncEngine] | None,
+               on_ready: Callable[[], None] | None):
     async def ctx(app: web.Application):
         rt = app[RUNTIME]
         await rt.gate.start()
         loader = None
         if engine is not None:
-            _set_ready(rt, engine)
+            _set_ready(rt, engine, on_ready)
         else:
-            loader = asyncio.create_task(_load(rt, factory))
+            loader = asyncio.create_task(_load(rt, factory, on_ready))
         watch = asyncio.create_task(_watch_engine(rt, loader))
         yield
         watch.cancel()
@@ -105,7 +108,8 @@ def _lifecycle(engine: AsyncEngine | None, factory: Callable[[], AsyncEngine] | 
     return ctx
 
 
-async def _load(rt: Runtime, factory: Callable[[], AsyncEngine]) -> None:
+async def _load(rt: Runtime, factory: Callable[[], AsyncEngine],
+                on_ready: Callable[[], None] | None) -> None:
     try:
         engine = await asyncio.to_thread(factory)
         await engine.start()
@@ -113,7 +117,7 @@ async def _load(rt: Runtime, factory: Callable[[], AsyncEngine]) -> None:
         log.exception("model failed to load")
         rt.status, rt.reason = "failed", f"model failed to load: {exc}"
         return
-    _set_ready(rt, engine)
+    _set_ready(rt, engine, on_ready)
     log.info("model %s loaded; ready", engine.model_name)
 
 
@@ -129,55 +133,60 @@ async def _watch_engine(rt: Runtime, loader: asyncio.Task | None) -> None:
     rt.engine_dead.set()
 
 
-def _set_ready(rt: Runtime, engine: AsyncEngine) -> None:
+def _set_ready(rt: Runtime, engine: AsyncEngine, on_ready: Callable[[], None] | None) -> None:
     rt.engine = engine
-    _freeze_startup_heap()
+    if on_ready is not None:
+        on_ready()
     if rt.status == "loading":
         rt.status, rt.reason = "ready", ""
 
 
-def _freeze_startup_heap() -> None:
-    """Put everything alive once the model is up (weights' wrappers, tokenizer, imported
-    modules: ~380k objects on the default model) beyond the garbage collector's reach.
-
-    A full collection walks every tracked object with the GIL held, so it stalls the event
-    loop and the engine together: ~190 ms per collection with this heap (BENCHMARKS.md).
-    Frozen, a full collection walks only what serving allocated since. Garbage is
-    collected first so that none of it is kept for good."""
-    gc.collect()
-    gc.freeze()
-
-
 async def drain(app: web.Application) -> None:
-    """Stop taking work, let in-flight requests finish (up to drain_timeout_s), cancel the
-    rest and close every socket with 1012. The listener is stopped by the caller after."""
+    """Stop taking work, let in-flight requests finish (up to drain_timeout_s), then end
+    the rest and close every socket with 1012, all within drain_grace_s more. The listener
+    is stopped by the caller after.
+
+        0 ........ drain_timeout_s ........ + grace/2 ............ + grace
+        `draining`, wait for streams  |  refuse the queue,     |  close sockets;
+                                      |  cancel WS/SSE streams |  drop the unanswered
+    """
     rt = app[RUNTIME]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + rt.config.drain_timeout_s
     rt.status, rt.reason = "draining", "draining"
     notice = {"type": "draining", "reconnect_after_ms": rt.config.reconnect_after_ms}
     for conn in list(rt.connections):
-        conn.outbox.put(notice)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + rt.config.drain_timeout_s
+        conn.notify(notice)
     while _busy(rt) and loop.time() < deadline:
         await asyncio.sleep(0.05)
-    tasks = []
-    for conn in list(rt.connections):
-        for stream in list(conn.streams.values()):
-            stream.cancel_requested, stream.error = True, "server draining"
-            stream.task.cancel()
-            tasks.append(stream.task)
-    await asyncio.gather(*tasks, return_exceptions=True)
-    await _close_sockets(app)
+    grace = rt.config.drain_grace_s
+    rt.gate.refuse_queued("draining", rt.config.reconnect_after_ms,
+                          "the server is shutting down; reconnect later")
+    await _cancel_streams(rt, grace / 2)
+    await _close_sockets(app, max(0.0, deadline + grace - loop.time()))
 
 
 def _busy(rt: Runtime) -> bool:
     return bool(rt.http_streams) or any(conn.streams for conn in rt.connections)
 
 
-async def _close_sockets(app: web.Application) -> None:
+async def _cancel_streams(rt: Runtime, timeout: float) -> None:
+    """Cancel every WS and HTTP stream; each ends with its terminal event (a `done`
+    cancelled, an SSE error event and [DONE]) unless it takes longer than `timeout`."""
+    streams = [s for conn in rt.connections for s in conn.streams.values()]
+    streams += rt.http_streams
+    for stream in streams:
+        stream.cancel_requested, stream.error = True, "server draining"
+        stream.task.cancel()
+    if streams:
+        await asyncio.wait([s.task for s in streams], timeout=timeout)
+
+
+async def _close_sockets(app: web.Application, timeout: float | None = None) -> None:
     rt = app[RUNTIME]
     code = CLOSE_SERVICE_RESTART if rt.status == "draining" else WSCloseCode.GOING_AWAY
-    await asyncio.gather(*(conn.close(code, b"server shutting down")
+    timeout = rt.config.drain_grace_s if timeout is None else timeout
+    await asyncio.gather(*(conn.close(code, b"server shutting down", timeout)
                            for conn in list(rt.connections)), return_exceptions=True)
 
 

@@ -8,13 +8,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-
-class ConfigError(ValueError):
-    """A gateway setting is out of range; `field` names it."""
-
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
+from engine.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +30,7 @@ class GatewayConfig:
     max_tokens_cap: int = 4096  # largest max_tokens a request may ask for
     default_max_tokens: int = 256  # when a request names none
     drain_timeout_s: float = 30.0  # in-flight turns get this long to finish on shutdown
+    drain_grace_s: float = 1.0  # then cut streams end and sockets close within this
     reconnect_after_ms: int = 2000  # sent with `draining`
     api_keys: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
@@ -47,7 +42,7 @@ class GatewayConfig:
         for name in ("max_message_bytes", "max_inflight_per_socket", "max_pending_frames",
                      "max_tokens_cap", "default_max_tokens", "reconnect_after_ms"):
             _positive(name, getattr(self, name))
-        for name in ("heartbeat_s", "send_timeout_s", "drain_timeout_s"):
+        for name in ("heartbeat_s", "send_timeout_s", "drain_timeout_s", "drain_grace_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, "must be > 0")
         if self.receive_timeout_s is not None and not self.receive_timeout_s > 0:

@@ -19,7 +19,6 @@ from engine.errors import EngineError
 from gateway import protocol as p
 from gateway.outbox import CLOSE_SLOW_CONSUMER, Outbox, OutboxFull, run_writer
 from gateway.params import build_params
-from gateway.admission import InflightCounter
 from gateway.sessions import LiveSession
 from gateway.state import Runtime
 from gateway.stream import Stream
@@ -40,7 +39,6 @@ class Connection:
         self.resumed = resumed
         self.tag = f"ws{next(_conn_ids)}"
         self.streams: dict[str, Stream] = {}
-        self.inflight = InflightCounter()
         self.outbox = Outbox(rt.config.max_pending_frames)
         self._engine_ids = itertools.count()
         self._background: set[asyncio.Task] = set()
@@ -105,15 +103,33 @@ class Connection:
         except (asyncio.TimeoutError, ConnectionError):
             pass
         finally:
-            transport = self.ws._req.transport if self.ws._req else None  # noqa: SLF001
-            if transport is not None:
-                transport.abort()
+            self._drop()
 
-    async def close(self, code: int, message: bytes) -> None:
-        """Close after the frames already queued are written (used by the drain)."""
-        for _ in range(50):
-            if self.outbox.empty:
-                break
+    def _drop(self) -> None:
+        transport = self.ws._req.transport if self.ws._req else None  # noqa: SLF001
+        if transport is not None:
+            transport.abort()
+
+    def notify(self, frame: dict) -> None:
+        """Queue a frame the server sends on its own (`draining`). A socket whose outbox
+        is full is not reading: it is closed, as one that does not drain, and the caller
+        goes on."""
+        try:
+            self.outbox.put(frame)
+        except OutboxFull:
+            log.warning("socket %s is not reading its frames; closing it", self.tag)
+            self._on_stuck()
+
+    async def close(self, code: int, message: bytes, timeout: float) -> None:
+        """Close after the frames already queued are written (drain, shutdown); a peer
+        that has not read them and answered the close within `timeout` is dropped."""
+        try:
+            await asyncio.wait_for(self._flush_then_close(code, message), timeout)
+        except (asyncio.TimeoutError, ConnectionError):
+            self._drop()
+
+    async def _flush_then_close(self, code: int, message: bytes) -> None:
+        while not self.outbox.empty:
             await asyncio.sleep(0.02)
         await self.ws.close(code=code, message=message)
 
@@ -268,7 +284,7 @@ class Connection:
             prompt = await render(stream, params.max_tokens)
             if prompt is None:
                 return
-            ticket = await self.rt.gate.admit(stream.id, self.inflight, stream.kind,
+            ticket = await self.rt.gate.admit(stream.id, self, stream.kind,
                                               params.priority, len(prompt),
                                               self.session.record.owner)
             stream.admitted = time.perf_counter()
@@ -292,7 +308,7 @@ class Connection:
             self._request_failed(stream, exc)
         finally:
             if ticket is not None:
-                ticket.release(stream.completion_tokens)
+                ticket.release(stream.completion_tokens, stream.finish_reason)
             self.streams.pop(stream.id, None)
 
     def _request_failed(self, stream: Stream, exc: Exception) -> None:

@@ -173,14 +173,25 @@ async def _complete(request: web.Request, rt: Runtime, req: _Common, prompt,
     except ProtocolError as exc:
         raise _refusal(exc) from None
     stream.admitted = time.perf_counter()
+    stream.task = asyncio.current_task()  # what a drain cancels
     rt.http_streams.add(stream)
     try:
         if req.stream:
             return await _sse(request, rt, req, prompt, params, stream, chat)
         return await _whole(rt, prompt, params, stream, chat)
+    except asyncio.CancelledError:
+        if not stream.cancel_requested:
+            raise  # the client hung up
+        asyncio.current_task().uncancel()
+        raise _draining() from None
     finally:
-        ticket.release(stream.completion_tokens)
+        ticket.release(stream.completion_tokens, stream.finish_reason)
         rt.http_streams.discard(stream)
+
+
+def _draining() -> web.HTTPException:
+    return error_response(web.HTTPServiceUnavailable, "server draining", "draining",
+                          headers={"Retry-After": "1"})
 
 
 def _refusal(exc: ProtocolError) -> web.HTTPException:
@@ -231,11 +242,18 @@ async def _sse(request: web.Request, rt: Runtime, req: _Common, prompt, params,
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        if chat:
-            await _event(resp, _chunk(rt, stream, chat, {"role": "assistant", "content": ""}))
-        while out is not None:
-            await _sse_output(resp, rt, stream, out, chat)
-            out = await anext(outputs, None)
+        try:
+            if chat:
+                await _event(resp, _chunk(rt, stream, chat,
+                                          {"role": "assistant", "content": ""}))
+            while out is not None:
+                await _sse_output(resp, rt, stream, out, chat)
+                out = await anext(outputs, None)
+        except asyncio.CancelledError:
+            if not stream.cancel_requested:
+                raise  # the client hung up: nobody to tell
+            asyncio.current_task().uncancel()
+            await _sse_cut(resp, stream)
     rt.metrics.observe_done(stream, time.perf_counter())
     if req.stream_options is not None and req.stream_options.include_usage:
         await _event(resp, {**_head(rt, stream, chat, chunk=True), "choices": [],
@@ -243,6 +261,13 @@ async def _sse(request: web.Request, rt: Runtime, req: _Common, prompt, params,
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
+
+
+async def _sse_cut(resp: web.StreamResponse, stream: Stream) -> None:
+    """A stream the drain ended: OpenAI's error event; [DONE] follows as on every stream."""
+    stream.finish_reason = "cancelled"
+    await _event(resp, {"error": {"message": stream.error, "type": "server_error",
+                                  "param": None, "code": "draining"}})
 
 
 async def _sse_output(resp: web.StreamResponse, rt: Runtime, stream: Stream, out,

@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from engine.errors import ConfigError
+
 T = TypeVar("T")
 Clock = Callable[[], float]
 
@@ -80,11 +82,12 @@ class SessionStoreConfig:
 
     def __post_init__(self) -> None:
         if self.ttl_s <= 0:
-            raise ValueError(f"ttl_s must be > 0, got {self.ttl_s}")
+            raise ConfigError("ttl_s", f"must be > 0, got {self.ttl_s}")
         if self.max_sessions < 1:
-            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+            raise ConfigError("max_sessions", f"must be >= 1, got {self.max_sessions}")
         if self.max_bytes_per_session < 64:
-            raise ValueError(f"max_bytes_per_session must be >= 64, got {self.max_bytes_per_session}")
+            raise ConfigError("max_bytes_per_session",
+                              f"must be >= 64, got {self.max_bytes_per_session}")
 
 
 def _encode(record: SessionRecord, limit: int) -> str:

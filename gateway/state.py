@@ -8,7 +8,7 @@ from aiohttp import web
 
 from engine.async_engine import AsyncEngine
 from engine.outputs import EngineStats
-from gateway.admission import Gate
+from gateway.gate import Gate
 from gateway.config import GatewayConfig
 from gateway.metrics import Metrics
 from gateway.sessions import SessionRegistry

@@ -38,7 +38,7 @@ class Stream:
         self.admitted: float | None = None
         self.first_written: float | None = None
         self.last_written: float | None = None
-        self.mailbox = Mailbox(request_id)
+        self.mailbox = Mailbox()
         self.queued = False  # a delta entry of this stream waits in the outbox
         self.text_parts: list[str] = []
         self.prompt_tokens = 0
@@ -71,7 +71,10 @@ class Stream:
     def take_delta(self) -> dict | None:
         """The merged delta frame to write now, or None when nothing is pending."""
         self.queued = False
-        return self.mailbox.take_delta()
+        delta = self.mailbox.take_delta()
+        if delta is None:
+            return None
+        return {"type": "delta", "id": self.id, "text": delta[0], "n": delta[1]}
 
     def written(self, now: float) -> float | None:
         """Record a delta frame written; returns the gap since the previous one."""

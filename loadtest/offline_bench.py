@@ -81,8 +81,6 @@ def _engine_limits(args) -> dict:
         limits["max_num_seqs"] = args.max_num_seqs
     if args.max_num_batched_tokens:
         limits["max_num_batched_tokens"] = args.max_num_batched_tokens
-    if args.num_threads:
-        limits["num_threads"] = args.num_threads
     return limits
 
 

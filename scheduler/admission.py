@@ -3,7 +3,7 @@
     gateway: ticket = controller.try_admit(...)   # microseconds; raises Rejected
              await ticket.wait()                  # until an engine slot is free
              ... engine.generate(...) ...
-             controller.release(ticket, n_out)    # always, in a finally
+             ticket.release(n_out, finish_reason) # always, in a finally
 
 At most `max_running_requests` tickets hold engine slots; the rest wait in a bounded
 priority queue here (chat turns first, then higher `priority`, then arrival order), so
@@ -23,6 +23,7 @@ from scheduler.policy import (ADMIT, KINDS, OVERLOADED, REJECT, AdmissionRequest
 from scheduler.signals import DrainRate, ResourceSampler
 
 QUEUED, RUNNING, DONE = "queued", "running", "done"
+FINISHED = frozenset({"stop", "length"})  # the finish reasons of completed work
 
 
 class Rejected(Exception):
@@ -79,6 +80,10 @@ class Ticket:
                            "request was released before it got an engine slot")
         return self.queue_time_s
 
+    def release(self, tokens_generated: int = 0, finish_reason: str | None = None) -> None:
+        """The request is over: free its place (AdmissionController.release). Idempotent."""
+        self._controller.release(self, tokens_generated, finish_reason)
+
 
 class AdmissionController:
     """Admission, queueing and slot accounting in front of the engine.
@@ -115,15 +120,22 @@ class AdmissionController:
 
     async def stop(self) -> None:
         """Refuse everything still queued; stop sampling."""
+        self.refuse_queued(OVERLOADED, self.config.retry_after_max_ms, "server stopping")
+        if self.sampler is not None:
+            await self.sampler.stop()
+
+    def refuse_queued(self, code: str, retry_after_ms: int, message: str) -> None:
+        """Refuse every queued ticket now (a drain's deadline, shutdown): each waiter gets
+        Rejected, and no queued request takes a slot that a cancelled one gives back."""
+        now = self.clock()
         for bucket in list(self._queue.values()):
             for ticket in list(bucket.values()):
                 self._unqueue(ticket)
                 ticket.state = DONE
+                self._count_out(ticket, 0, now)
                 if not ticket._future.done():
-                    ticket._future.set_exception(
-                        Rejected(OVERLOADED, self.config.retry_after_max_ms, "server stopping"))
-        if self.sampler is not None:
-            await self.sampler.stop()
+                    ticket._future.set_exception(Rejected(code, retry_after_ms, message))
+        self._update_busy(now)
 
     # -- the door -----------------------------------------------------------------------
     def try_admit(self, kind: str, priority: int = 0, prompt_tokens: int = 0,
@@ -157,8 +169,13 @@ class AdmissionController:
         self._update_busy(now)
         return ticket
 
-    def release(self, ticket: Ticket, tokens_generated: int = 0) -> None:
-        """The request is over (finished, cancelled or failed); free its place. Idempotent."""
+    def release(self, ticket: Ticket, tokens_generated: int = 0,
+                finish_reason: str | None = None) -> None:
+        """The request is over (finished, cancelled or failed); free its place. Idempotent.
+
+        Only a request that finished (`stop`, `length`) counts toward the drain rate: a
+        cancelled or failed one frees its slot early, and counting it would promise
+        retries sooner than the engine can serve them."""
         if ticket.state == DONE:
             return
         now = self.clock()
@@ -166,7 +183,8 @@ class AdmissionController:
             self._unqueue(ticket)
         else:
             del self._running[ticket.id]
-            self.drain.record(now, ticket.prompt_tokens)
+            if finish_reason in FINISHED:
+                self.drain.record(now, ticket.prompt_tokens)
         ticket.state = DONE
         if ticket._future is not None and not ticket._future.done():
             ticket._future.cancel()

@@ -3,15 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-class SchedulerConfigError(ValueError):
-    """A scheduler limit is out of range; `field` names it."""
-
-    code = "invalid_request"
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
+from engine.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +67,12 @@ class SchedulerConfig:
         _pair("gpu_util", self.gpu_util_enter, self.gpu_util_leave)
         _pair("gpu_memory", self.gpu_memory_enter, self.gpu_memory_leave)
         if self.priority_min > self.priority_max:
-            raise SchedulerConfigError("priority_min", "must not exceed priority_max")
+            raise ConfigError("priority_min", "must not exceed priority_max")
         for name in ("nvml_interval_s", "drain_window_s", "ttft_bound_s"):
             if not getattr(self, name) > 0:
-                raise SchedulerConfigError(name, "must be positive")
+                raise ConfigError(name, "must be positive")
         if not 0 < self.retry_after_min_ms <= self.retry_after_max_ms:
-            raise SchedulerConfigError("retry_after_min_ms",
+            raise ConfigError("retry_after_min_ms",
                                        "must be positive and at most retry_after_max_ms")
 
     @property
@@ -101,21 +93,21 @@ class SchedulerConfig:
 
 def _positive_int(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise SchedulerConfigError(name, "must be a positive integer")
+        raise ConfigError(name, "must be a positive integer")
 
 
 def _ratio(name: str, value: float, upper_open: bool = False) -> None:
     ok = 0.0 <= value < 1.0 if upper_open else 0.0 < value <= 1.0
     if not ok:
         interval = "[0, 1)" if upper_open else "(0, 1]"
-        raise SchedulerConfigError(name, f"must be a ratio in {interval}")
+        raise ConfigError(name, f"must be a ratio in {interval}")
 
 
 def _pair(name: str, enter: float | None, leave: float | None) -> None:
     """Hysteresis thresholds: both or neither, ratios, leave strictly below enter."""
     if (enter is None) != (leave is None):
-        raise SchedulerConfigError(f"{name}_leave", "set both enter and leave, or neither")
+        raise ConfigError(f"{name}_leave", "set both enter and leave, or neither")
     if enter is None:
         return
     if not 0.0 < leave < enter <= 1.0:
-        raise SchedulerConfigError(f"{name}_leave", "need 0 < leave < enter <= 1")
+        raise ConfigError(f"{name}_leave", "need 0 < leave < enter <= 1")

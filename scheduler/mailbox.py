@@ -13,12 +13,12 @@ from __future__ import annotations
 
 
 class Mailbox:
-    """One stream's unsent delta: at most one frame's worth, merged in place."""
+    """One stream's unsent delta: at most one frame's worth, merged in place. It holds
+    text and a token count; the gateway shapes them into its wire frame."""
 
-    __slots__ = ("stream_id", "text", "n")
+    __slots__ = ("text", "n")
 
-    def __init__(self, stream_id: str):
-        self.stream_id = stream_id
+    def __init__(self):
         self.text = ""
         self.n = 0
 
@@ -34,11 +34,11 @@ class Mailbox:
     def pending_bytes(self) -> int:
         return len(self.text)
 
-    def take_delta(self) -> dict | None:
-        """The merged `delta` frame to write now (None when nothing is pending); empties
-        the slot."""
+    def take_delta(self) -> tuple[str, int] | None:
+        """The merged (text, token count) to send now (None when nothing is pending);
+        empties the slot."""
         if self.empty:
             return None
-        frame = {"type": "delta", "id": self.stream_id, "text": self.text, "n": self.n}
+        delta = self.text, self.n
         self.text, self.n = "", 0
-        return frame
+        return delta

@@ -2,6 +2,7 @@
 import asyncio
 
 import pytest
+import torch
 
 from engine import AsyncEngine, EngineConfig, SamplingParams
 from engine.errors import EngineDeadError, InvalidRequestError
@@ -11,8 +12,8 @@ LONG = SamplingParams(max_tokens=10_000, ignore_eos=True, temperature=0)
 
 @pytest.fixture
 async def engine():
-    eng = AsyncEngine(EngineConfig(model="dummy:tiny", device="cpu", num_threads=1,
-                                   max_model_len=20_000))
+    torch.set_num_threads(1)
+    eng = AsyncEngine(EngineConfig(model="dummy:tiny", device="cpu", max_model_len=20_000))
     await eng.start()
     yield eng
     await eng.stop()
@@ -41,8 +42,8 @@ async def test_duplicate_live_id_is_refused_and_the_first_keeps_running(engine):
 
 
 async def test_stop_ends_running_requests_instead_of_leaving_them_waiting():
-    eng = AsyncEngine(EngineConfig(model="dummy:tiny", device="cpu", num_threads=1,
-                                   max_model_len=20_000))
+    torch.set_num_threads(1)
+    eng = AsyncEngine(EngineConfig(model="dummy:tiny", device="cpu", max_model_len=20_000))
     await eng.start()
     stream = eng.generate([5, 6, 7], LONG)
     await anext(stream)

@@ -6,7 +6,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.cpu_backend import CpuAttention, CpuLinear, CpuOps
-from engine.errors import InvalidRequestError
+from engine.errors import ConfigError
 from engine.linear import Linear
 
 needs_kernels = pytest.mark.usefixtures("cpu_kernels")
@@ -53,5 +53,5 @@ def test_greedy_tokens_match_torch_backend(llm):
 
 
 def test_cpu_backend_needs_the_cpu():
-    with pytest.raises(InvalidRequestError, match="cpu needs device cpu"):
+    with pytest.raises(ConfigError, match="cpu needs device cpu"):
         LLM(model="dummy:tiny", device="cuda", attention_backend="cpu")

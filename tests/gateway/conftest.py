@@ -13,6 +13,7 @@ import time
 
 import aiohttp
 import pytest
+import torch
 import uvloop
 from aiohttp import web
 
@@ -20,6 +21,7 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from gateway.app import build_app, make_runner
 from gateway.config import GatewayConfig
+from gateway.server_cli import freeze_startup_heap
 from scheduler.config import SchedulerConfig
 
 FAST = {"heartbeat_s": 5.0, "send_timeout_s": 5.0, "drain_timeout_s": 5.0}
@@ -42,9 +44,9 @@ class ServerThread:
 
     async def _start_engine(self) -> AsyncEngine:
         # One thread: other suites share the CI box's two cores.
+        torch.set_num_threads(1)
         config = EngineConfig(model="default", device="cpu", num_kv_blocks=512,
-                              max_model_len=2048, max_num_batched_tokens=512, max_num_seqs=4,
-                              num_threads=1)
+                              max_model_len=2048, max_num_batched_tokens=512, max_num_seqs=4)
         engine = await asyncio.to_thread(AsyncEngine, config)
         await engine.start()
         return engine
@@ -58,7 +60,9 @@ class ServerThread:
 
     async def _start_app(self, config: GatewayConfig, scheduler: SchedulerConfig | None,
                          engine: AsyncEngine) -> str:
-        app = build_app(config, engine=engine, scheduler_config=scheduler)
+        # As `tokenwire serve` does: the startup heap frozen once the engine is ready.
+        app = build_app(config, engine=engine, scheduler_config=scheduler,
+                        on_ready=freeze_startup_heap)
         runner = make_runner(app, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineConfig
+from engine.errors import ConfigError
 from gateway import server_cli
 from gateway.config import GatewayConfig
 from gateway.session_store import SessionStoreConfig
@@ -43,7 +44,8 @@ def test_every_gateway_field_has_a_flag():
     args = parse("--host", "0.0.0.0", "--port", "9", "--max-message-bytes", "7",
                  "--heartbeat", "3", "--receive-timeout", "4", "--send-timeout", "5",
                  "--max-inflight", "6", "--max-pending-frames", "8", "--max-tokens-cap", "99",
-                 "--default-max-tokens", "9", "--drain-timeout", "10", "--reconnect-after", "11",
+                 "--default-max-tokens", "9", "--drain-timeout", "10", "--drain-grace", "2",
+                 "--reconnect-after", "11",
                  "--api-key", "a", "--allowed-origins", "http://x, http://y")
     config = server_cli.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
     defaults = GatewayConfig()
@@ -65,7 +67,7 @@ def test_engine_and_scheduler_flags_typed_and_none_switches_off():
                  "--kv-usage-enter", "0.5", "--kv-usage-leave", "0.4",
                  "--max-inflight-per-key", "none")
     engine = server_cli.engine_config(args)
-    assert engine.num_threads == 1 and engine.enable_prefix_caching is False
+    assert args.num_threads == 1 and engine.enable_prefix_caching is False
     sched = server_cli.scheduler_config(args)
     assert (sched.max_running_requests, sched.kv_usage_enter, sched.max_inflight_per_key) == (
         3, 0.5, None)
@@ -77,6 +79,35 @@ def test_bad_values_exit_2_naming_the_field(caplog):
     args = parse("--kv-usage-enter", "0.5", "--kv-usage-leave", "0.9")
     assert server_cli.run(args) == 2
     assert "kv_usage_leave" in caplog.text
+
+
+@pytest.mark.parametrize("build, field", [
+    (lambda: GatewayConfig(port=-1), "port"),
+    (lambda: SchedulerConfig(ttft_bound_s=0), "ttft_bound_s"),
+    (lambda: SessionStoreConfig(ttl_s=0), "ttl_s"),
+    (lambda: EngineConfig(block_size=0), "block_size"),
+])
+def test_every_layer_refuses_bad_config_with_one_error_naming_the_field(build, field):
+    with pytest.raises(ConfigError) as info:
+        build()
+    assert info.value.field == field
+
+
+def test_num_threads_is_set_by_the_entry_point_only():
+    """Threads are the whole process's: `tokenwire serve` sets them, the engine never."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        server_cli.set_num_threads(None)
+        assert torch.get_num_threads() == before
+        server_cli.set_num_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ConfigError):
+        server_cli.set_num_threads(0)
+    assert "num_threads" not in {f.name for f in dataclasses.fields(EngineConfig)}
 
 
 def test_readme_documents_every_flag():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import torch
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
@@ -13,8 +14,9 @@ from ws_helpers import open_ws, recv_type
 
 
 async def _tiny_engine() -> AsyncEngine:
+    torch.set_num_threads(1)
     config = EngineConfig(model="dummy:tiny", device="cpu", num_kv_blocks=64,
-                          max_model_len=256, num_threads=1)
+                          max_model_len=256)
     engine = await asyncio.to_thread(AsyncEngine, config)
     await engine.start()
     return engine

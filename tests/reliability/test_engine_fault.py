@@ -13,6 +13,7 @@ import asyncio
 
 import aiohttp
 import pytest
+import torch
 from aiohttp import web
 
 from engine.async_engine import AsyncEngine
@@ -81,8 +82,9 @@ async def serve():
     started = []
 
     async def start(**engine_overrides):
+        torch.set_num_threads(1)
         config = EngineConfig(model="default", device="cpu", num_kv_blocks=256,
-                              max_model_len=1024, num_threads=1, **engine_overrides)
+                              max_model_len=1024, **engine_overrides)
         engine = await asyncio.to_thread(AsyncEngine, config)
         await engine.start()
         app = build_app(GatewayConfig(port=0, max_inflight_per_socket=PER_SOCKET + 1),

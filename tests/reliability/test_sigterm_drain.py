@@ -1,10 +1,11 @@
 """SIGTERM with 50 streams in flight: `draining` to every client, then each stream's end,
 then close 1012. Short streams finish inside the drain; long ones are ended at the drain
-timeout; none just stops.
+timeout; none just stops. WebSocket and SSE streams alike, within the drain's bound.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import aiohttp
@@ -82,3 +83,75 @@ async def test_sigterm_drains_50_streams(spawn, figures):
     assert all(not r["long"] or _outcome(r) == "cut" for r in results), count
     assert closes == {1012}, closes
     assert exit_code == 0 and exited_s < DRAIN_TIMEOUT_S + 20
+
+
+MIXED_PER_KIND, MIXED_DRAIN_S = 32, 2.0
+MIXED_TOKENS = 2000  # far more than the drain leaves time for: every stream is cut
+
+
+async def _ws_stream(http, server, index: int, started: asyncio.Queue) -> dict:
+    """One socket, one long generate; every frame until the socket closes."""
+    ws, _ = await connect(http, server)
+    await ws.send_json({"type": "generate", "id": "g", "prompt": f"Story {index}, please.",
+                        "params": {"max_tokens": MIXED_TOKENS, "ignore_eos": True}})
+    frames = []
+    async for msg in ws:
+        if msg.type != aiohttp.WSMsgType.TEXT:
+            break
+        frames.append(msg.json())
+        if frames[-1]["type"] == "delta" and sum(f["type"] == "delta" for f in frames) == 1:
+            started.put_nowait(index)
+    ends = [f for f in frames if f["type"] in ("done", "error") and f.get("id") == "g"]
+    return {"kind": "ws", "ends": ends, "close": ws.close_code}
+
+
+async def _sse_stream(http, server, index: int, started: asyncio.Queue) -> dict:
+    """One streamed completion; every event until the response ends."""
+    body = {"prompt": f"Story {index}, please.", "max_tokens": MIXED_TOKENS,
+            "ignore_eos": True, "stream": True}
+    events = []
+    try:
+        async with http.post(server.http_url + "/v1/completions", json=body) as resp:
+            async for line in resp.content:
+                if line.strip():
+                    events.append(line.strip().removeprefix(b"data: "))
+                    if len(events) == 1:
+                        started.put_nowait(index)
+    except aiohttp.ClientPayloadError:
+        pass  # cut off without an end: `ends` below stays empty
+    last = json.loads(events[-2]) if len(events) >= 2 and events[-1] == b"[DONE]" else {}
+    ended = "error" in last or any(c.get("finish_reason") for c in last.get("choices", []))
+    return {"kind": "sse", "ends": [last] if ended else [], "close": None}
+
+
+async def test_sigterm_ends_32_ws_and_32_sse_streams_within_the_drain_bound(spawn, figures):
+    """drain_timeout_s 2 with 64 streams still generating: each ends with a terminal event
+    (WS `done` cancelled, SSE an error event then [DONE]), the process exits within the
+    drain timeout plus its one-second grace, and logs no traceback."""
+    server = spawn("--drain-timeout", str(MIXED_DRAIN_S), "--ttft-bound-s", "600",
+                   "--max-running-requests", str(2 * MIXED_PER_KIND), name="drain-mixed").start()
+    started: asyncio.Queue = asyncio.Queue()
+    async with aiohttp.ClientSession() as http:
+        clients = [asyncio.create_task(run(http, server, i, started))
+                   for i in range(MIXED_PER_KIND) for run in (_ws_stream, _sse_stream)]
+        for _ in clients:  # every stream has produced output: all are in flight
+            await asyncio.wait_for(started.get(), 300)
+        server.terminate()
+        signalled = time.monotonic()
+        exit_code = await asyncio.to_thread(server.proc.wait, 60)
+        exited_s = time.monotonic() - signalled
+        results = await asyncio.wait_for(asyncio.gather(*clients), 30)
+    ended = [r for r in results if len(r["ends"]) == 1]
+    log = server.log()
+    figures("SIGTERM with 32 WS + 32 SSE streams, drain timeout 2 s", tried=len(results),
+            survived=len(ended), lost=len(results) - len(ended),
+            notes=f"every stream cut at the deadline; process exited {exit_code} after "
+                  f"{exited_s:.1f} s")
+    assert len(ended) == len(results), [r for r in results if len(r["ends"]) != 1]
+    assert all(r["ends"][0]["finish_reason"] == "cancelled" for r in ended
+               if r["kind"] == "ws"), ended
+    assert all(r["ends"][0]["error"]["code"] == "draining" for r in ended
+               if r["kind"] == "sse"), ended
+    assert {r["close"] for r in results if r["kind"] == "ws"} == {1012}
+    assert "Traceback" not in log, log[-3000:]
+    assert exit_code == 0 and exited_s < MIXED_DRAIN_S + 1.0, exited_s

@@ -146,7 +146,7 @@ async def test_drain_rate_feeds_retry_estimates():
     queued = [ctl.try_admit("generate") for _ in range(1)]  # saturated from t=0
     for i in range(1, 9):  # one completion every 0.25 s: 4/s
         clock.now = i * 0.25
-        ctl.release(first)
+        ctl.release(first, finish_reason="length")
         first = queued.pop(0)
         queued.append(ctl.try_admit("generate"))
     assert ctl.signals().drain_rps == pytest.approx(4.0, rel=0.2)
@@ -155,6 +155,26 @@ async def test_drain_rate_feeds_retry_estimates():
     with pytest.raises(Rejected) as info:
         ctl.try_admit("generate")
     assert 100 <= info.value.retry_after_ms <= 1000
+
+
+async def test_drain_rate_counts_only_finished_requests():
+    """Cancelled and failed requests free their slot early: counting them as completed
+    work would promise retries sooner than the engine can keep."""
+    ctl, clock, _ = make(max_running_requests=1, max_waiting_requests=50, ttft_bound_s=100.0)
+    running = ctl.try_admit("generate")
+    ctl.try_admit("generate")  # saturated from t=0
+    for i, reason in enumerate(["cancelled", "error", None] * 4, start=1):
+        clock.now = i * 0.1
+        ctl.release(running, finish_reason=reason)
+        running = next(iter(ctl._running.values()))  # noqa: SLF001 - the one granted next
+        ctl.try_admit("generate")
+    assert ctl.signals().drain_rps is None  # nothing finished: no rate yet
+    for i in range(1, 5):
+        clock.now = 1.2 + i * 0.5
+        ctl.release(running, finish_reason="stop" if i % 2 else "length")
+        running = next(iter(ctl._running.values()))  # noqa: SLF001
+        ctl.try_admit("generate")
+    assert ctl.signals().drain_rps == pytest.approx(2.0, rel=0.35)
 
 
 def _try(ctl) -> bool:

@@ -3,26 +3,26 @@ from scheduler.mailbox import Mailbox
 
 
 def test_mailbox_merges_text_and_counts():
-    box = Mailbox("a")
+    box = Mailbox()
     assert box.take_delta() is None
     for word in ("Hel", "lo", " world"):
         box.put_delta(word, 1)
-    assert box.take_delta() == {"type": "delta", "id": "a", "text": "Hello world", "n": 3}
+    assert box.take_delta() == ("Hello world", 3)
     assert box.empty and box.take_delta() is None
 
 
 def test_slow_reader_costs_one_frame_and_only_the_text():
-    box = Mailbox("a")
+    box = Mailbox()
     for _ in range(10_000):
         box.put_delta("xy", 1)
     assert box.pending_bytes == 20_000  # the unsent text itself, no per-frame overhead
-    frame = box.take_delta()
-    assert frame["n"] == 10_000 and len(frame["text"]) == 20_000
+    text, n = box.take_delta()
+    assert n == 10_000 and len(text) == 20_000
     assert box.pending_bytes == 0
 
 
 def test_token_without_text_still_counts():
     """A token whose text is still held back by the detokenizer (half a UTF-8 char)."""
-    box = Mailbox("a")
+    box = Mailbox()
     box.put_delta("", 1)
-    assert box.take_delta() == {"type": "delta", "id": "a", "text": "", "n": 1}
+    assert box.take_delta() == ("", 1)

@@ -113,3 +113,24 @@ async def test_http_overload_is_503_with_retry_after(server):
         if status == 503:
             assert int(retry_after) >= 1
             assert payload["error"]["code"] == "overloaded"
+
+
+async def test_cancelled_requests_do_not_count_as_served(server):
+    """The drain rate behind retry_after_ms counts finished requests only: cancelling
+    every request while the engine is saturated teaches the server no rate at all."""
+    url, app = server.start_app(SchedulerConfig(max_running_requests=1, ttft_bound_s=600.0),
+                                max_inflight_per_socket=64)
+    controller = server.runtime(app).gate.controller
+    async with aiohttp.ClientSession() as session, WsClient(session, url) as client:
+        await client.generate("c0", prompt(0), 500)
+        start, i = time.perf_counter(), 0
+        while time.perf_counter() - start < 1.5:  # one running, one queued: saturated
+            i += 1
+            await client.generate(f"c{i}", prompt(i), 500)
+            await asyncio.sleep(0.1)
+            await client.cancel(f"c{i - 1}")
+            await asyncio.wait_for(client.results[f"c{i - 1}"].done.wait(), 30)
+        await client.cancel(f"c{i}")
+        await asyncio.wait_for(client.results[f"c{i}"].done.wait(), 30)
+    assert i >= 5 and all(r.finish_reason == "cancelled" for r in client.results.values())
+    assert controller.drain.requests_per_s is None

@@ -1,7 +1,12 @@
 """Admission policy: pure functions under made-up signals and a fake clock."""
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from scheduler.config import SchedulerConfig, SchedulerConfigError
+from engine.errors import ConfigError
+from scheduler.config import SchedulerConfig
 from scheduler.policy import (ADMIT, OVERLOADED, QUEUE, RATE_LIMITED, REJECT,
                               AdmissionRequest, Signals, TokenBucket, decide,
                               estimate_wait_s, overload_cause)
@@ -166,6 +171,14 @@ def test_estimate_wait_sees_lock_step_waves():
     (dict(retry_after_min_ms=10, retry_after_max_ms=5), "retry_after_min_ms"),
 ])
 def test_config_validation_names_the_field(kwargs, field):
-    with pytest.raises(SchedulerConfigError) as info:
+    with pytest.raises(ConfigError) as info:
         SchedulerConfig(**kwargs)
     assert info.value.field == field
+
+
+def test_scheduler_loads_no_torch():
+    """Policy code (and the ConfigError it shares with the engine) imports without torch."""
+    code = ("import sys, scheduler.admission, scheduler.metrics, scheduler.mailbox, "
+            "engine.errors; assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   cwd=Path(__file__).resolve().parents[2])

@@ -1,10 +1,11 @@
-"""The gateway's one admission seam: every chat, generate and HTTP completion passes `admit`.
+"""Gate: the gateway's side of admission. Every chat, generate and HTTP completion passes
+`await gate.admit(...)`, which returns the scheduler's Ticket (release it when the request
+ends) or raises ProtocolError.
 
-It delegates to scheduler.AdmissionController (issue 4): per-socket and per-key limits
-(`rate_limited`), a bounded priority queue in front of the engine (chat turns ahead of
-bulk generate, then `priority`), KV/GPU/memory overload signals with hysteresis and
-`retry_after_ms` estimated from the measured drain rate (`overloaded`). Callers rely on
-`await admit(...) -> Ticket` raising ProtocolError and on `Ticket.release()`.
+The policy and its bookkeeping are the scheduler's (scheduler.admission): per-socket and
+per-key limits, the bounded priority queue, overload signals, retry_after_ms. What is the
+gateway's is the glue: the wire error a refusal becomes, the rejection metric, and the
+admission queue counted as waiting in /metrics.
 """
 from __future__ import annotations
 
@@ -15,31 +16,12 @@ from engine.outputs import EngineStats
 from gateway.config import GatewayConfig
 from gateway.metrics import Metrics
 from gateway.protocol import ProtocolError
-from scheduler.admission import AdmissionController, InvalidAdmission, Rejected
+from scheduler.admission import AdmissionController, InvalidAdmission, Rejected, Ticket
 from scheduler.config import SchedulerConfig
 from scheduler.metrics import register_metrics
 from scheduler.signals import ResourceSampler
 
 _KINDS = {"chat": "chat", "generate": "generate", "http": "generate"}  # HTTP is bulk
-
-
-class Ticket:
-    """Proof of admission; `release()` (idempotent) frees the slot when the request ends."""
-
-    __slots__ = ("_controller", "_ticket")
-
-    def __init__(self, controller: AdmissionController, ticket):
-        self._controller = controller
-        self._ticket = ticket
-
-    def release(self, tokens_generated: int = 0) -> None:
-        self._controller.release(self._ticket, tokens_generated)
-
-
-class InflightCounter:
-    """Identifies one socket to the scheduler's per-socket in-flight limit."""
-
-    __slots__ = ()
 
 
 class Gate:
@@ -63,14 +45,15 @@ class Gate:
     async def stop(self) -> None:
         await self.controller.stop()
 
-    async def admit(self, request_id: str | None, inflight: InflightCounter | None,
+    async def admit(self, request_id: str | None, socket: object | None,
                     kind: str, priority: int = 0, prompt_tokens: int = 0,
                     api_key: str | None = None) -> Ticket:
         """Admit one request, waiting for an engine slot if queued, or raise ProtocolError
-        (rate_limited / overloaded with retry_after_ms / invalid_request)."""
+        (rate_limited / overloaded with retry_after_ms / invalid_request). `socket`
+        identifies the request's socket to the per-socket limit (None: HTTP)."""
         try:
             ticket = self.controller.try_admit(_KINDS[kind], priority, prompt_tokens,
-                                               inflight, api_key)
+                                               socket, api_key)
         except InvalidAdmission as exc:
             raise ProtocolError(exc.code, f"params.{exc}", request_id) from None
         except Rejected as exc:
@@ -80,9 +63,13 @@ class Gate:
         except Rejected as exc:
             raise self._refusal(exc, request_id) from None
         except BaseException:
-            self.controller.release(ticket)  # cancelled while queued: give the place back
+            ticket.release()  # cancelled while queued: give the place back
             raise
-        return Ticket(self.controller, ticket)
+        return ticket
+
+    def refuse_queued(self, code: str, retry_after_ms: int, message: str) -> None:
+        """Refuse every request still waiting for an engine slot (the drain's deadline)."""
+        self.controller.refuse_queued(code, retry_after_ms, message)
 
     def _refusal(self, exc: Rejected, request_id: str | None) -> ProtocolError:
         self._metrics.rejections.labels(exc.code).inc()
