@@ -53,6 +53,36 @@ async def _history(http: aiohttp.ClientSession, url: str, session_id: str) -> li
     return messages
 
 
+async def _sessions_active(http: aiohttp.ClientSession, url: str) -> float:
+    async with http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    return next(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("tokenwire_sessions_active "))
+
+
+async def test_session_leaves_memory_once_its_last_save_lands(server, tmp_path):
+    """Sockets close while their sessions' saves are under way (a mid-turn chat, a
+    session.update not waited for): each session stays live until its save lands, then
+    the gauge (read at scrape time) is back to 0."""
+    url = server.start_app(store=SqliteSessionStore(tmp_path / "sessions.db"))
+    try:
+        async with aiohttp.ClientSession() as http:
+            chat, _ = await open_ws(http, url)
+            await chat.send_json({"type": "chat", "id": "cut", "content": "Tell me a story.",
+                                  "params": {"max_tokens": 64, "ignore_eos": True}})
+            await recv_type(chat, "delta")
+            updates = [(await open_ws(http, url))[0] for _ in range(8)]
+            for ws in updates:
+                await ws.send_json({"type": "session.update", "system": "x" * 200_000})
+            await asyncio.gather(chat.close(), *(ws.close() for ws in updates))
+            # Within the heartbeat and send timeouts, should a closing socket's handler lag.
+            async with asyncio.timeout(30):
+                while await _sessions_active(http, url) != 0:
+                    await asyncio.sleep(0.05)
+    finally:
+        server.stop_app(url)
+
+
 async def test_sockets_resuming_one_session_at_once_lose_no_turn(server, tmp_path):
     db = tmp_path / "sessions.db"
     url = server.start_app(store=SqliteSessionStore(db))
