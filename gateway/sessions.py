@@ -30,6 +30,7 @@ from gateway.session_store import (
 log = logging.getLogger(__name__)
 
 MAX_SESSION_ID_CHARS = 64
+SaveError = SessionTooLargeError | SessionConflictError  # what the store may refuse with
 
 
 class LiveSession:
@@ -133,21 +134,23 @@ class SessionRegistry:
             del self._live[live.id]
             live.released = True
 
-    async def save(self, live: LiveSession) -> SessionTooLargeError | SessionConflictError | None:
+    async def save(self, live: LiveSession) -> SaveError | None:
         """Persist the session; returns the error when the store refused it. The save runs
         to its end even if the caller is cancelled: the record's version must follow
         what the store holds."""
         live.pending_saves += 1
         return await asyncio.shield(asyncio.ensure_future(self._save(live)))
 
-    async def _save(self, live: LiveSession) -> SessionTooLargeError | SessionConflictError | None:
+    async def _save(self, live: LiveSession) -> SaveError | None:
         try:
             async with live.save_lock:  # one at a time: each expects the last one's version
                 await self.store.save(live.record)
         except SessionTooLargeError as exc:
             return exc
         except SessionConflictError as exc:
-            log.warning("%s", exc)
+            # Not the id: session ids are capabilities and stay out of the log.
+            log.warning("session save refused: version %d is stored, this copy has %d",
+                        exc.stored, exc.expected)
             if self._live.get(live.id) is live:  # stale: later sockets load the newer one
                 del self._live[live.id]
             live.released = True
