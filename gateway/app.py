@@ -80,6 +80,9 @@ def _runtime(config: GatewayConfig, store: SessionStore, gpu_sampler,
     metrics = Metrics(lambda: rt.gate.stats(), gpu_sampler or (lambda: rt.gate.gpu_sample()))
     gate = Gate(config, stats, metrics, scheduler_config)
     rt = Runtime(config, metrics, gate, SessionRegistry(store))
+    # Read at scrape time: a session leaves the registry when its last save lands, which
+    # can be after its last socket closed.
+    metrics.sessions_active.set_function(lambda: len(rt.sessions))
     return rt
 
 

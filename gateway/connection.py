@@ -228,7 +228,7 @@ class Connection:
     async def _save(self, reply: dict | None = None, request_id: str | None = None) -> bool:
         error = await self.rt.sessions.save(self.session)
         if error is not None:
-            self.outbox.put(p.ProtocolError("too_large", error, request_id).frame())
+            self.outbox.put(p.ProtocolError(error.code, str(error), request_id).frame())
         elif reply is not None:
             self.outbox.put(reply)
         return error is None

@@ -43,7 +43,8 @@ class Metrics:
                                     "admitted", buckets=_LATENCY_BUCKETS, registry=r)
         self.ws_active = Gauge(P + "websocket_connections_active", "Open WebSockets",
                                registry=r)
-        self.sessions_active = Gauge(P + "sessions_active", "Sessions attached to a socket",
+        self.sessions_active = Gauge(P + "sessions_active", "Sessions in memory: attached to a "
+                                     "socket, or saving after their last one closed",
                                      registry=r)
         self.rejections = Counter(P + "admission_rejections", "Requests refused at "
                                   "admission", ["reason"], registry=r)

@@ -62,8 +62,11 @@ class Outbox:
         self._entries.append(entry)
         self._ready.set()
 
-    async def get(self) -> tuple:
+    async def get(self) -> tuple | None:
+        """The next entry, or None once the outbox is closed."""
         while not self._entries:
+            if self.closed:
+                return None
             self._ready.clear()
             await self._ready.wait()
         return self._entries.popleft()
@@ -75,6 +78,7 @@ class Outbox:
     def close(self) -> None:
         self.closed = True
         self._entries.clear()
+        self._ready.set()  # the writer ends even if its cancellation was lost
 
 
 async def run_writer(ws: web.WebSocketResponse, codec: Codec, outbox: Outbox,
@@ -83,7 +87,13 @@ async def run_writer(ws: web.WebSocketResponse, codec: Codec, outbox: Outbox,
     """Write frames until cancelled; a frame not written within send_timeout closes the socket."""
     send = ws.send_bytes if codec.binary else ws.send_str
     while True:
-        kind, item = await outbox.get()
+        # The writer ends when the outbox closes, not only when cancelled: on Python 3.11,
+        # wait_for() below swallows a cancellation that lands as the send completes, and
+        # the socket's handler, awaiting the writer, would then wait forever.
+        entry = await outbox.get()
+        if entry is None:
+            return
+        kind, item = entry
         frame = item if kind == "frame" else (
             item.take_delta() if kind == "delta" else item.done_frame(time.perf_counter()))
         if frame is None:

@@ -8,7 +8,9 @@ Every SQLite call runs on one dedicated thread that owns the only connection, so
 event loop never waits on disk and the connection is never shared between threads.
 Both stores enforce the same limits: a TTL after the last save, a byte cap per
 session (`SessionTooLargeError`) and a cap on the number of sessions (the least
-recently saved are evicted first).
+recently saved are evicted first), and the same rule for concurrent writers: every
+save carries the version it was loaded at, and a save never replaces a newer version
+(`SessionConflictError`).
 """
 from __future__ import annotations
 
@@ -25,6 +27,20 @@ from engine.errors import ConfigError
 
 T = TypeVar("T")
 Clock = Callable[[], float]
+
+
+class SessionConflictError(RuntimeError):
+    """The stored session is newer than the copy being saved; nothing was saved."""
+
+    code = "busy"
+
+    def __init__(self, session_id: str, expected: int, stored: int):
+        super().__init__(
+            f"session {session_id} was saved elsewhere since it was loaded (version "
+            f"{stored}, this copy has {expected}); reconnect to resume it")
+        self.session_id = session_id
+        self.expected = expected
+        self.stored = stored
 
 
 class SessionTooLargeError(ValueError):
@@ -52,10 +68,19 @@ class SessionRecord:
     params: dict = field(default_factory=dict)  # the session's default params
     messages: list[dict] = field(default_factory=list)  # [{"role", "content"}, ...]
     updated_at: float = 0.0  # set by the store's clock on every save
+    version: int = 0  # the stored version this copy was loaded at; 0: never saved
 
 
 class SessionStore(Protocol):
-    """Where the gateway keeps sessions between sockets and across restarts."""
+    """Where the gateway keeps sessions between sockets and across restarts.
+
+    `save` is a compare-and-set on the version, atomic in the store (a transaction in
+    SQLite; WATCH/MULTI or a script in Redis): it writes the record only if no newer
+    version than `record.version` is stored, and then sets `record.version` to the new
+    stored version (one more) and `record.updated_at`. Otherwise it raises
+    `SessionConflictError` and changes nothing, so two processes (or two copies in one)
+    that loaded the same version can never overwrite each other's turns.
+    """
 
     async def load(self, session_id: str) -> SessionRecord | None: ...
 
@@ -103,10 +128,10 @@ def _encode(record: SessionRecord, limit: int) -> str:
     return body
 
 
-def _decode(session_id: str, body: str, updated_at: float) -> SessionRecord:
+def _decode(session_id: str, body: str, updated_at: float, version: int) -> SessionRecord:
     data = json.loads(body)
     return SessionRecord(session_id, data["owner"], data["system"], data["params"],
-                         data["messages"], updated_at)
+                         data["messages"], updated_at, version)
 
 
 class MemorySessionStore:
@@ -118,7 +143,7 @@ class MemorySessionStore:
                  *, clock: Clock = time.time):
         self.config = SessionStoreConfig(None, ttl_s, max_sessions, max_bytes_per_session)
         self._clock = clock
-        self._rows: dict[str, tuple[float, str]] = {}  # id -> (updated_at, body)
+        self._rows: dict[str, tuple[float, int, str]] = {}  # id -> (updated_at, version, body)
 
     async def load(self, session_id: str) -> SessionRecord | None:
         row = self._rows.get(session_id)
@@ -127,13 +152,16 @@ class MemorySessionStore:
         if row[0] < self._clock() - self.config.ttl_s:
             del self._rows[session_id]
             return None
-        return _decode(session_id, row[1], row[0])
+        return _decode(session_id, row[2], row[0], row[1])
 
     async def save(self, record: SessionRecord) -> None:
         body = _encode(record, self.config.max_bytes_per_session)
-        record.updated_at = self._clock()
+        row = self._rows.get(record.session_id)
+        if row is not None and row[1] > record.version:
+            raise SessionConflictError(record.session_id, record.version, row[1])
         self._rows.pop(record.session_id, None)  # re-insert: dict order = save order
-        self._rows[record.session_id] = (record.updated_at, body)
+        record.updated_at, record.version = self._clock(), record.version + 1
+        self._rows[record.session_id] = (record.updated_at, record.version, body)
         while len(self._rows) > self.config.max_sessions:
             del self._rows[next(iter(self._rows))]
 
@@ -151,7 +179,8 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
     updated_at REAL NOT NULL,
-    body TEXT NOT NULL
+    body TEXT NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sessions_updated_at ON sessions (updated_at);
 """
@@ -182,7 +211,9 @@ class SqliteSessionStore:
     async def save(self, record: SessionRecord) -> None:
         # Encode on the loop so a too-large session fails before touching the thread.
         body = _encode(record, self.config.max_bytes_per_session)
-        record.updated_at = await self._run(self._save_sync, record.session_id, body)
+        record.updated_at = await self._run(self._save_sync, record.session_id, body,
+                                            record.version)
+        record.version += 1
 
     async def delete(self, session_id: str) -> None:
         await self._run(self._delete_sync, session_id)
@@ -210,29 +241,38 @@ class SqliteSessionStore:
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=5000")
             conn.executescript(_SCHEMA)
+            columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
+            if "version" not in columns:  # a file written before sessions had versions
+                conn.execute("ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
             self._conn = conn
         return self._conn
 
     def _load_sync(self, session_id: str) -> SessionRecord | None:
         conn = self._connection()
-        row = conn.execute("SELECT updated_at, body FROM sessions WHERE session_id = ?",
+        row = conn.execute("SELECT updated_at, body, version FROM sessions WHERE session_id = ?",
                            (session_id,)).fetchone()
         if row is None:
             return None
         if row[0] < self._clock() - self.config.ttl_s:
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
             return None
-        return _decode(session_id, row[1], row[0])
+        return _decode(session_id, row[1], row[0], row[2])
 
-    def _save_sync(self, session_id: str, body: str) -> float:
+    def _save_sync(self, session_id: str, body: str, version: int) -> float:
         conn = self._connection()
         now = self._clock()
-        with conn:  # one transaction: upsert, purge expired, evict beyond the cap
+        with conn:  # one transaction: compare-and-set upsert, purge expired, evict
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "INSERT INTO sessions (session_id, updated_at, body) VALUES (?, ?, ?) "
-                "ON CONFLICT(session_id) DO UPDATE SET updated_at = excluded.updated_at, "
-                "body = excluded.body", (session_id, now, body))
+            written = conn.execute(
+                "INSERT INTO sessions (session_id, updated_at, body, version) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT(session_id) DO UPDATE SET "
+                "updated_at = excluded.updated_at, body = excluded.body, "
+                "version = excluded.version WHERE sessions.version <= ?",
+                (session_id, now, body, version + 1, version)).rowcount
+            if not written:
+                stored = conn.execute("SELECT version FROM sessions WHERE session_id = ?",
+                                      (session_id,)).fetchone()[0]
+                raise SessionConflictError(session_id, version, stored)
             conn.execute("DELETE FROM sessions WHERE updated_at < ?", (now - self.config.ttl_s,))
             excess = self._count_sync() - self.config.max_sessions
             if excess > 0:

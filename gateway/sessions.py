@@ -1,31 +1,51 @@
 """Sessions' wire side: live sessions shared by the sockets attached to them.
 
 A session's record (history, system prompt, default params) lives in the SessionStore;
-while any socket is attached, one LiveSession object holds it in memory so that two
-sockets resuming the same id see one history and one active chat turn.
+while any socket is attached, one LiveSession object holds it in memory so that sockets
+resuming the same id see one history and one active chat turn:
+
+    attach(id): in _live .......................... share it (refs += 1)
+                else, a load of id in flight ........ await it, share its result
+                else ................................ start the one load of id
+    detach:     refs -= 1; with no socket and no save pending the session leaves _live,
+                the store holding its last state, which is what the next attach loads
+
+Saves of one session run one at a time, each a compare-and-set on the stored version,
+so a stale copy (another process's, say) can never overwrite newer turns.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
 
-from gateway.session_store import SessionRecord, SessionStore, SessionTooLargeError
+from gateway.session_store import (
+    SessionConflictError,
+    SessionRecord,
+    SessionStore,
+    SessionTooLargeError,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_SESSION_ID_CHARS = 64
+SaveError = SessionTooLargeError | SessionConflictError  # what the store may refuse with
 
 
 class LiveSession:
-    """A session attached to at least one socket; `active_turn` is its running chat id."""
+    """A session attached to at least one socket; `active_turn` is its running chat id
+    (one per session, whichever socket started it)."""
 
-    __slots__ = ("record", "active_turn", "refs")
+    __slots__ = ("record", "active_turn", "refs", "pending_saves", "save_lock", "released")
 
     def __init__(self, record: SessionRecord):
         self.record = record
         self.active_turn: str | None = None
-        self.refs = 0
+        self.refs = 0  # sockets attached
+        self.pending_saves = 0  # saves started and not finished
+        self.save_lock = asyncio.Lock()
+        self.released = False  # out of the registry for good: a later attach loads anew
 
     @property
     def id(self) -> str:
@@ -62,6 +82,7 @@ class SessionRegistry:
     def __init__(self, store: SessionStore):
         self.store = store
         self._live: dict[str, LiveSession] = {}
+        self._loading: dict[str, asyncio.Future[LiveSession | None]] = {}
 
     def __len__(self) -> int:
         return len(self._live)
@@ -74,32 +95,69 @@ class SessionRegistry:
         if live is None:
             record = SessionRecord(new_session_id(), owner, None, {}, [], time.time())
             live = LiveSession(record)
-        self._live[live.id] = live
-        live.refs += 1
+            self._live[live.id] = live
+        live.refs += 1  # no await since _find: the session cannot be released in between
         return live, resumed
 
     async def _find(self, session_id: str, owner: str | None) -> LiveSession | None:
         if len(session_id) > MAX_SESSION_ID_CHARS:
             return None
         live = self._live.get(session_id)
-        if live is None:
-            record = await self.store.load(session_id)
-            live = LiveSession.from_store(record) if record is not None else None
-        if live is None or live.record.owner != owner:
-            return None
-        return live
+        while live is None:
+            loaded = await self._load_shared(session_id)
+            if loaded is None or loaded.record.owner != owner:
+                return None
+            if not loaded.released:  # else its last save is stored: load that
+                live = self._live.setdefault(session_id, loaded)
+        return live if live.record.owner == owner else None
+
+    async def _load_shared(self, session_id: str) -> LiveSession | None:
+        """One store load per id at a time: every socket asking meanwhile gets its result
+        (shielded, so one caller's cancellation does not cancel the others' load)."""
+        pending = self._loading.get(session_id)
+        if pending is None:
+            pending = asyncio.ensure_future(self._load(session_id))
+            self._loading[session_id] = pending
+            pending.add_done_callback(lambda _: self._loading.pop(session_id, None))
+        return await asyncio.shield(pending)
+
+    async def _load(self, session_id: str) -> LiveSession | None:
+        record = await self.store.load(session_id)
+        return LiveSession.from_store(record) if record is not None else None
 
     def detach(self, live: LiveSession) -> None:
         live.refs -= 1
-        if live.refs <= 0 and self._live.get(live.id) is live:
-            del self._live[live.id]
+        self._release_if_idle(live)
 
-    async def save(self, live: LiveSession) -> str | None:
-        """Persist the session; returns an error message when it is too large to store."""
+    def _release_if_idle(self, live: LiveSession) -> None:
+        if live.refs <= 0 and live.pending_saves == 0 and self._live.get(live.id) is live:
+            del self._live[live.id]
+            live.released = True
+
+    async def save(self, live: LiveSession) -> SaveError | None:
+        """Persist the session; returns the error when the store refused it. The save runs
+        to its end even if the caller is cancelled: the record's version must follow
+        what the store holds."""
+        live.pending_saves += 1
+        return await asyncio.shield(asyncio.ensure_future(self._save(live)))
+
+    async def _save(self, live: LiveSession) -> SaveError | None:
         try:
-            await self.store.save(live.record)
+            async with live.save_lock:  # one at a time: each expects the last one's version
+                await self.store.save(live.record)
         except SessionTooLargeError as exc:
-            return str(exc)
+            return exc
+        except SessionConflictError as exc:
+            # Not the id: session ids are capabilities and stay out of the log.
+            log.warning("session save refused: version %d is stored, this copy has %d",
+                        exc.stored, exc.expected)
+            if self._live.get(live.id) is live:  # stale: later sockets load the newer one
+                del self._live[live.id]
+            live.released = True
+            return exc
+        finally:
+            live.pending_saves -= 1
+            self._release_if_idle(live)
         return None
 
 

@@ -49,14 +49,12 @@ async def ws_handler(request: web.Request) -> web.WebSocketResponse:
         conn = Connection(rt, ws, p.Codec(binary=chosen == p.MSGPACK_SUBPROTOCOL), live, resumed)
         rt.connections.add(conn)
         rt.metrics.ws_active.inc()
-        rt.metrics.sessions_active.set(len(rt.sessions))
         await conn.serve()
     finally:
         if conn is not None:
             rt.connections.discard(conn)
             rt.metrics.ws_active.dec()
         rt.sessions.detach(live)
-        rt.metrics.sessions_active.set(len(rt.sessions))
     return ws
 
 

@@ -9,7 +9,12 @@ const path = require("path");
 const { chromium } = require("playwright-core");
 
 const [url, screenshot] = process.argv.slice(2);
-const QUESTIONS = ["What is the capital of France?", "And what is its most famous tower?"];
+// The first prompt spans three full KV blocks, so that turn 2's cached prefix shows more
+// than the system prompt's two blocks that every chat shares.
+const QUESTIONS = [
+  "Please answer in one short sentence, in plain English, for a school quiz: what is the " +
+  "capital of France?",
+  "And what is its most famous tower?"];
 const LONG_QUESTION = "Count from one to one hundred in words.";
 
 async function main() {
@@ -25,6 +30,11 @@ async function main() {
     const page = context.pages()[0] || await context.newPage();
     const consoleErrors = [];
     page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
+    const usages = [];  // each `done` frame's usage, read off the page's own socket
+    page.on("websocket", (ws) => ws.on("framereceived", ({ payload }) => {
+      const frame = JSON.parse(payload.toString());
+      if (frame.type === "done") usages.push(frame.usage);
+    }));
     await page.goto(url);
     await page.waitForSelector("#status.on", { timeout: 30000 });
     const replies = [];
@@ -42,7 +52,7 @@ async function main() {
     await page.screenshot({ path: screenshot });
     const users = await page.$$eval(".msg.user", (els) => els.map((e) => e.textContent));
     const stopped = await stopLongReply(page);
-    console.log(JSON.stringify({ replies, stats, metas, users, stopped, consoleErrors }));
+    console.log(JSON.stringify({ replies, stats, metas, users, stopped, usages, consoleErrors }));
   } finally {
     await context.close();
     fs.rmSync(userDataDir, { recursive: true, force: true });

@@ -22,6 +22,7 @@ from engine.config import EngineConfig
 from gateway.app import build_app, make_runner
 from gateway.config import GatewayConfig
 from gateway.server_cli import freeze_startup_heap
+from gateway.session_store import SessionStore
 from scheduler.config import SchedulerConfig
 
 FAST = {"heartbeat_s": 5.0, "send_timeout_s": 5.0, "drain_timeout_s": 5.0}
@@ -52,16 +53,18 @@ class ServerThread:
         return engine
 
     def start_app(self, scheduler: SchedulerConfig | None = None,
-                  engine: AsyncEngine | None = None, **overrides) -> str:
+                  engine: AsyncEngine | None = None, store: SessionStore | None = None,
+                  **overrides) -> str:
         """Serve a new app (GatewayConfig fields as keywords, admission limits in
-        `scheduler`, the shared engine unless given one) on a free port; its base URL."""
+        `scheduler`, the shared engine unless given one, sessions in `store`, else in
+        memory) on a free port; its base URL."""
         config = GatewayConfig(port=0, **{**FAST, **overrides})
-        return self.call(self._start_app(config, scheduler, engine or self.engine))
+        return self.call(self._start_app(config, scheduler, engine or self.engine, store))
 
     async def _start_app(self, config: GatewayConfig, scheduler: SchedulerConfig | None,
-                         engine: AsyncEngine) -> str:
+                         engine: AsyncEngine, store: SessionStore | None) -> str:
         # As `tokenwire serve` does: the startup heap frozen once the engine is ready.
-        app = build_app(config, engine=engine, scheduler_config=scheduler,
+        app = build_app(config, engine=engine, scheduler_config=scheduler, store=store,
                         on_ready=freeze_startup_heap)
         runner = make_runner(app, shutdown_timeout=1.0)
         await runner.setup()

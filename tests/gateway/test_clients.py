@@ -20,6 +20,7 @@ TOOLS = Path(__file__).resolve().parent / "node_modules"
 WSCAT = TOOLS / ".bin" / "wscat"
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 SCREENSHOT = REPO / "docs" / "browser-chat.png"
+BLOCK_SIZE = 16  # the engine's KV block: the prefix cache shares whole blocks only
 
 
 def require(path: Path) -> None:
@@ -64,9 +65,10 @@ async def test_wscat_completes_a_chat_turn(base_url):
         await proc.wait()
 
 
-async def test_browser_page_two_turn_chat(base_url, tmp_path):
+async def test_browser_page_two_turn_chat(server, base_url, tmp_path):
     require(TOOLS / "playwright-core")
     require(CHROMIUM)
+    assert server.engine.core.config.block_size == BLOCK_SIZE
     shot = tmp_path / "browser-chat.png"
     proc = await asyncio.create_subprocess_exec(
         shutil.which("node") or "node", str(Path(__file__).with_name("browser_chat.js")),
@@ -76,12 +78,18 @@ async def test_browser_page_two_turn_chat(base_url, tmp_path):
     out, err = await asyncio.wait_for(proc.communicate(), 180)
     assert proc.returncode == 0, err.decode()[-2000:]
     result = json.loads(out.decode().strip().splitlines()[-1])
-    assert result["users"] == ["What is the capital of France?",
-                               "And what is its most famous tower?"]
+    assert result["users"] == [
+        "Please answer in one short sentence, in plain English, for a school quiz: what is "
+        "the capital of France?", "And what is its most famous tower?"]
     assert len(result["replies"]) == 2 and all(r.strip() for r in result["replies"])
     assert "Paris" in result["replies"][0]
     assert all(m.startswith("TTFT ") and "tok/s" in m for m in result["metas"])
-    assert "cached" in result["metas"][1]  # turn 2 reused turn 1's prefix
+    # Turn 2's prompt starts with turn 1's, so every full block of turn 1's prompt comes
+    # from the prefix cache: more than the system prompt's blocks that any chat shares.
+    first, second = result["usages"][:2]
+    bound = first["prompt_tokens"] // BLOCK_SIZE * BLOCK_SIZE
+    assert bound >= 3 * BLOCK_SIZE and second["cached_tokens"] >= bound, result["usages"]
+    assert f"{second['cached_tokens']} cached" in result["metas"][1]
     assert result["stopped"].endswith("· cancelled")  # the Stop button ended turn 3
     assert result["consoleErrors"] == []
     assert shot.stat().st_size > 10_000

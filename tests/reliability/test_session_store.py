@@ -9,6 +9,7 @@ import pytest
 
 from gateway.session_store import (
     MemorySessionStore,
+    SessionConflictError,
     SessionRecord,
     SessionStoreConfig,
     SessionTooLargeError,
@@ -121,16 +122,54 @@ async def test_size_cap_raises_and_keeps_previous(make_store):
 async def test_eviction_of_least_recently_saved(make_store):
     clock = FakeClock()
     store = make_store(clock, max_sessions=3)
-    for name in ["a", "b", "c"]:
+    records = {name: record(name) for name in ["a", "b", "c"]}
+    for rec in records.values():
         clock.now += 1.0
-        await store.save(record(name))
+        await store.save(rec)
     clock.now += 1.0
-    await store.save(record("a"))  # refreshed: "b" is now the oldest
+    await store.save(records["a"])  # refreshed: "b" is now the oldest
     clock.now += 1.0
     await store.save(record("d"))
     assert await store.load("b") is None
     for name in ["a", "c", "d"]:
         assert await store.load(name) is not None, name
+    await store.close()
+
+
+async def test_save_never_overwrites_a_newer_version(make_store):
+    store = make_store()
+    rec = record("s1")
+    assert rec.version == 0
+    await store.save(rec)
+    assert rec.version == 1
+    first, second = await store.load("s1"), await store.load("s1")
+    first.messages.append({"role": "user", "content": "kept"})
+    await store.save(first)
+    assert first.version == 2
+    second.messages.append({"role": "user", "content": "stale"})
+    with pytest.raises(SessionConflictError) as info:
+        await store.save(second)
+    assert info.value.code == "busy" and (info.value.expected, info.value.stored) == (1, 2)
+    assert second.version == 1
+    stored = await store.load("s1")
+    assert stored.version == 2 and stored.messages[-1]["content"] == "kept"
+    await store.save(first)  # the newest copy goes on saving
+    assert (await store.load("s1")).version == 3
+    await store.close()
+
+
+async def test_sqlite_adds_versions_to_an_older_file(tmp_path):
+    path = tmp_path / "sessions.db"
+    with sqlite3.connect(path) as conn:  # the schema before sessions had versions
+        conn.execute("CREATE TABLE sessions (session_id TEXT PRIMARY KEY, "
+                     "updated_at REAL NOT NULL, body TEXT NOT NULL)")
+        conn.execute("INSERT INTO sessions VALUES ('old', 1e12, '{\"owner\":null,"
+                     "\"system\":null,\"params\":{},\"messages\":[]}')")
+    store = SqliteSessionStore(path)
+    old = await store.load("old")
+    assert old is not None and old.version == 0
+    await store.save(old)
+    assert (await store.load("old")).version == 1
     await store.close()
 
 
