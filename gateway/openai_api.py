@@ -20,17 +20,13 @@ from aiohttp import web
 
 from engine.errors import EngineError
 from gateway.auth import authenticate, check_origin, error_response
-from gateway.params import build_params
+from gateway.params import PARAM_FIELDS, WireParams, build_params
 from gateway.protocol import ROLES, ProtocolError
 from gateway.state import RUNTIME, Runtime
 from gateway.stream import Stream
 
 _ids = itertools.count()
 _OWNER = web.RequestKey("owner", str)  # the caller's key hash; None without auth
-# OpenAI request fields that map onto SamplingParams (same names).
-_PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                 "presence_penalty", "frequency_penalty", "stop", "seed", "ignore_eos",
-                 "priority")
 
 
 class _Part(msgspec.Struct):
@@ -47,24 +43,15 @@ class _StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
-class _Common(msgspec.Struct, kw_only=True):
+class _Common(WireParams, kw_only=True, forbid_unknown_fields=False):
+    """The sampling fields are WireParams' (one schema with /v1/ws); unknown fields are
+    ignored as OpenAI's own API ignores them."""
+
     model: str | None = None
-    max_tokens: int | None = None
     max_completion_tokens: int | None = None
     n: int = 1
     stream: bool = False
     stream_options: _StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    ignore_eos: bool | None = None
-    priority: int | None = None
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -149,7 +136,7 @@ def _bad(message: str, param: str | None, code: str = "invalid_request") -> web.
 
 
 def _params(rt: Runtime, req: _Common):
-    wire: dict[str, Any] = {k: getattr(req, k) for k in _PARAM_FIELDS
+    wire: dict[str, Any] = {k: getattr(req, k) for k in PARAM_FIELDS
                             if getattr(req, k) is not None}
     max_tokens = req.max_completion_tokens or req.max_tokens
     if max_tokens is not None:
