@@ -163,13 +163,16 @@ def _bad(message: str, param: str | None, code: str = "invalid_request") -> web.
 def _params(rt: Runtime, req: _Common):
     wire: dict[str, Any] = {k: getattr(req, k) for k in PARAM_FIELDS
                             if getattr(req, k) is not None}
-    max_tokens = req.max_completion_tokens or req.max_tokens
-    if max_tokens is not None:
-        wire["max_tokens"] = max_tokens
+    # OpenAI's newer name wins; an error about it names the field the client sent.
+    limit_name = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
+    if getattr(req, limit_name) is not None:
+        wire["max_tokens"] = getattr(req, limit_name)
     try:
         return build_params(rt.config, wire)
     except ProtocolError as exc:
-        raise _bad(exc.message, exc.message.split(":", 1)[0].removeprefix("params.")) from None
+        param, _, problem = exc.message.removeprefix("params.").partition(":")
+        param = limit_name if param == "max_tokens" else param
+        raise _bad(f"{param}:{problem}", param) from None
 
 
 async def _complete(request: web.Request, rt: Runtime, req: _Common, prompt,
