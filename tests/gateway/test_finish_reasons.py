@@ -10,10 +10,8 @@ import json
 import aiohttp
 import pytest
 
-from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
 from gateway.state import RUNTIME
-from ws_helpers import open_ws, recv_type, recv_until
+from ws_helpers import open_ws, recv_type, recv_until, tiny_engine
 
 LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}]}
@@ -75,17 +73,9 @@ async def test_ws_done_says_cancelled_when_the_server_aborts(server, base_url):
         await ws.close()
 
 
-async def _tiny_engine() -> AsyncEngine:
-    config = EngineConfig(model="dummy:tiny", device="cpu", num_kv_blocks=64,
-                          max_model_len=512, num_threads=1)
-    engine = await asyncio.to_thread(AsyncEngine, config)
-    await engine.start()
-    return engine
-
-
 async def test_failed_streams_end_with_error_on_every_surface(server):
     """The engine stops under a running SSE stream and a running WS request."""
-    engine = server.call(_tiny_engine())
+    engine = server.call(tiny_engine(max_model_len=512))
     url = server.start_app(engine=engine)
     try:
         async with aiohttp.ClientSession() as s:
