@@ -13,6 +13,9 @@ import pytest
 
 import gateway.connection
 import gateway.openai_api
+from gateway.outbox import CLOSE_SLOW_CONSUMER, Outbox, OutboxFull
+from gateway.protocol import ProtocolError
+from gateway.state import RUNTIME
 from ws_helpers import open_ws, recv_type, recv_until
 
 LONG = {"max_tokens": 24, "ignore_eos": True, "temperature": 0}
@@ -82,3 +85,33 @@ async def test_an_http_request_that_raises_answers_500_and_spares_the_others(
             else:
                 assert (await r.json())["usage"]["completion_tokens"] == LONG["max_tokens"]
     assert len(_tracebacks(caplog)) == 1
+
+
+async def test_a_full_outbox_in_a_request_task_closes_the_socket(server, base_url,
+                                                                 monkeypatch):
+    """A request task that cannot queue its reply (the client is not reading) closes the
+    socket as the reader would, instead of dying unseen with the socket left open."""
+    gate = server.apps[base_url][RUNTIME].gate
+    real_admit, real_put = gate.admit, Outbox.put
+
+    async def admit(request_id, *args):
+        if request_id == "full":
+            raise ProtocolError("overloaded", "try later", request_id, retry_after_ms=10)
+        return await real_admit(request_id, *args)
+
+    def put(outbox, frame):
+        if frame.get("id") == "full":
+            raise OutboxFull("injected")
+        real_put(outbox, frame)
+
+    monkeypatch.setattr(gate, "admit", admit)
+    monkeypatch.setattr(Outbox, "put", put)
+    async with aiohttp.ClientSession() as s:
+        ws, _ = await open_ws(s, base_url)
+        await ws.send_json({"type": "generate", "id": "full", "prompt": "Hi"})
+        try:
+            closed = await asyncio.wait_for(ws.receive(), 10)
+        except asyncio.TimeoutError:
+            closed = None  # the task died unseen and the socket stayed open
+        assert closed is not None and closed.type == aiohttp.WSMsgType.CLOSE, closed
+        assert closed.data == CLOSE_SLOW_CONSUMER, closed
