@@ -1,6 +1,7 @@
 """SamplingParams: the per-request generation settings, validated when built."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 from engine.errors import InvalidRequestError
@@ -85,10 +86,7 @@ def _check_types(p: SamplingParams) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidRequestError(name, "must be an integer")
     for name in _FLOAT_FIELDS:
-        value = getattr(p, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InvalidRequestError(name, "must be a number")
-        setattr(p, name, float(value))
+        setattr(p, name, _finite_float(getattr(p, name), name))
     if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int)):
         raise InvalidRequestError("seed", "must be an integer or null")
     if not isinstance(p.ignore_eos, bool):
@@ -97,6 +95,20 @@ def _check_types(p: SamplingParams) -> None:
         raise InvalidRequestError("stop", "must be a string or a list of strings")
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in p.stop_token_ids):
         raise InvalidRequestError("stop_token_ids", "must be a list of integers")
+
+
+def _finite_float(value, name: str) -> float:
+    """value as a finite float; an int too large for a float (OverflowError) and NaN or
+    infinity (which every range comparison would treat inconsistently) are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequestError(name, "must be a number")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise InvalidRequestError(name, "must be a finite number") from None
+    if not math.isfinite(number):
+        raise InvalidRequestError(name, "must be a finite number")
+    return number
 
 
 def _check_ranges(p: SamplingParams) -> None:

@@ -141,6 +141,7 @@ class Connection:
 
     # -- client messages -----------------------------------------------------------------
     def _handle(self, data: bytes | str) -> None:
+        msg = None
         try:
             if self.codec.binary and isinstance(data, str):
                 raise p.ProtocolError("invalid_json", "this socket speaks msgpack: send "
@@ -152,6 +153,12 @@ class Connection:
                 self._handlers[type(msg)](msg)
         except p.ProtocolError as exc:
             self.outbox.put(exc.frame())
+        except OutboxFull:
+            raise  # the reader closes the socket: its client is not reading
+        except Exception:  # noqa: BLE001 - one frame's fault must not close the socket
+            request_id = getattr(msg, "id", None)
+            log.exception("frame %r on %s failed", request_id, self.tag)
+            self.outbox.put(p.ProtocolError("internal", "internal error", request_id).frame())
 
     def _check_new(self, request_id: str) -> None:
         if self.rt.status == "draining":
@@ -171,7 +178,7 @@ class Connection:
         self.session.record.messages.append({"role": "user", "content": msg.content})
         self.session.active_turn = msg.id
         stream = self._start(msg.id, "chat")
-        stream.task = asyncio.create_task(self._run_chat(stream, params))
+        self._launch(stream, self._run_chat(stream, params))
 
     def _on_generate(self, msg: p.Generate) -> None:
         self._check_new(msg.id)
@@ -181,12 +188,27 @@ class Connection:
         else:
             prompt = msg.prompt
         stream = self._start(msg.id, "generate")
-        stream.task = asyncio.create_task(self._run_generate(stream, prompt, params))
+        self._launch(stream, self._run_generate(stream, prompt, params))
 
     def _start(self, request_id: str, kind: str) -> Stream:
         stream = Stream(request_id, f"{self.tag}-{next(self._engine_ids)}", kind)
         self.streams[request_id] = stream
         return stream
+
+    def _launch(self, stream: Stream, coro) -> None:
+        stream.task = asyncio.create_task(coro)
+        stream.task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task) -> None:
+        """The last boundary of a request task: `_run` answers the request's own faults,
+        so what escapes came after its reply (a full outbox, a failed cleanup)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        if isinstance(task.exception(), OutboxFull):
+            self._on_stuck()  # the client is not reading: close it as the reader would
+            return
+        log.error("request task on %s failed after its reply", self.tag,
+                  exc_info=task.exception())
 
     def _on_cancel(self, msg: p.Cancel) -> None:
         stream = self.streams.get(msg.id)

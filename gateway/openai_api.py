@@ -6,10 +6,11 @@ OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import itertools
 import json
+import logging
 import math
 import secrets
 import time
@@ -20,17 +21,14 @@ from aiohttp import web
 
 from engine.errors import EngineError
 from gateway.auth import authenticate, check_origin, error_response
-from gateway.params import build_params
+from gateway.params import PARAM_FIELDS, WireParams, build_params
 from gateway.protocol import ROLES, ProtocolError
 from gateway.state import RUNTIME, Runtime
 from gateway.stream import Stream
 
+log = logging.getLogger(__name__)
 _ids = itertools.count()
 _OWNER = web.RequestKey("owner", str)  # the caller's key hash; None without auth
-# OpenAI request fields that map onto SamplingParams (same names).
-_PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                 "presence_penalty", "frequency_penalty", "stop", "seed", "ignore_eos",
-                 "priority")
 
 
 class _Part(msgspec.Struct):
@@ -47,24 +45,15 @@ class _StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
-class _Common(msgspec.Struct, kw_only=True):
+class _Common(WireParams, kw_only=True, forbid_unknown_fields=False):
+    """The sampling fields are WireParams' (one schema with /v1/ws); unknown fields are
+    ignored as OpenAI's own API ignores them."""
+
     model: str | None = None
-    max_tokens: int | None = None
     max_completion_tokens: int | None = None
     n: int = 1
     stream: bool = False
     stream_options: _StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    ignore_eos: bool | None = None
-    priority: int | None = None
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -75,6 +64,27 @@ class CompletionRequest(_Common, kw_only=True):
     prompt: str | list[str | int]  # text, token ids, or a list holding one text
 
 
+def _contained(handler):
+    """The fault boundary of one HTTP request: an unexpected exception answers a 500 in
+    OpenAI's error shape and logs one traceback; the server and its other requests go on."""
+    @functools.wraps(handler)
+    async def contained(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception:  # noqa: BLE001 - one request's fault stays in that request
+            log.exception("%s %s failed", request.method, request.path)
+            raise _internal() from None
+    return contained
+
+
+def _internal() -> web.HTTPException:
+    return error_response(web.HTTPInternalServerError, "internal error", "internal",
+                          err_type="server_error")
+
+
+@_contained
 async def models(request: web.Request) -> web.Response:
     rt = _runtime(request)  # 503 until the model is loaded
     return web.json_response({"object": "list", "data": [
@@ -82,6 +92,7 @@ async def models(request: web.Request) -> web.Response:
          "max_model_len": rt.engine.max_model_len}]})
 
 
+@_contained
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
     req = await _decode(request, ChatRequest)
@@ -94,6 +105,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _complete(request, rt, req, rt.engine.encode_chat(messages), chat=True)
 
 
+@_contained
 async def completions(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
     req = await _decode(request, CompletionRequest)
@@ -149,15 +161,18 @@ def _bad(message: str, param: str | None, code: str = "invalid_request") -> web.
 
 
 def _params(rt: Runtime, req: _Common):
-    wire: dict[str, Any] = {k: getattr(req, k) for k in _PARAM_FIELDS
+    wire: dict[str, Any] = {k: getattr(req, k) for k in PARAM_FIELDS
                             if getattr(req, k) is not None}
-    max_tokens = req.max_completion_tokens or req.max_tokens
-    if max_tokens is not None:
-        wire["max_tokens"] = max_tokens
+    # OpenAI's newer name wins; an error about it names the field the client sent.
+    limit_name = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
+    if getattr(req, limit_name) is not None:
+        wire["max_tokens"] = getattr(req, limit_name)
     try:
         return build_params(rt.config, wire)
     except ProtocolError as exc:
-        raise _bad(exc.message, exc.message.split(":", 1)[0].removeprefix("params.")) from None
+        param, _, problem = exc.message.removeprefix("params.").partition(":")
+        param = limit_name if param == "max_tokens" else param
+        raise _bad(f"{param}:{problem}", param) from None
 
 
 async def _complete(request: web.Request, rt: Runtime, req: _Common, prompt,
@@ -221,9 +236,13 @@ async def _whole(rt: Runtime, prompt, params, stream: Stream, chat: bool) -> web
     async with contextlib.aclosing(_outputs(rt, prompt, params, stream, chat)) as outputs:
         async for _ in outputs:
             pass
-    if stream.finish_reason == "error":
-        raise error_response(web.HTTPInternalServerError, "internal error", "internal",
-                             err_type="server_error")
+    failure = _failure(stream)
+    if failure is not None:
+        cancelled = failure["code"] == "cancelled"
+        raise error_response(web.HTTPServiceUnavailable if cancelled
+                             else web.HTTPInternalServerError, failure["message"],
+                             failure["code"], err_type="server_error",
+                             headers={"Retry-After": "1"} if cancelled else None)
     now = time.perf_counter()
     stream.written(now)
     rt.metrics.ttft.observe(now - stream.received)
@@ -231,7 +250,7 @@ async def _whole(rt: Runtime, prompt, params, stream: Stream, chat: bool) -> web
     choice = ({"message": {"role": "assistant", "content": stream.text}} if chat
               else {"text": stream.text})
     return web.json_response({**_head(rt, stream, chat), "choices": [
-        {"index": 0, **choice, "finish_reason": _finish(stream), "logprobs": None}],
+        {"index": 0, **choice, "finish_reason": stream.finish_reason, "logprobs": None}],
         "usage": _usage(stream)})
 
 
@@ -252,10 +271,18 @@ async def _sse(request: web.Request, rt: Runtime, req: _Common, prompt, params,
         except asyncio.CancelledError:
             if not stream.cancel_requested:
                 raise  # the client hung up: nobody to tell
-            asyncio.current_task().uncancel()
-            await _sse_cut(resp, stream)
+            asyncio.current_task().uncancel()  # the drain cut it: end the stream properly
+            stream.finish_reason = "cancelled"
+        except ConnectionError:
+            raise  # the client left: nobody to tell
+        except Exception:  # noqa: BLE001 - past the headers a fault can only end the stream
+            log.exception("stream %s failed", stream.engine_id)
+            stream.finish_reason = "error"
     rt.metrics.observe_done(stream, time.perf_counter())
-    if req.stream_options is not None and req.stream_options.include_usage:
+    failure = _failure(stream)
+    if failure is not None:
+        await _event(resp, {"error": failure})
+    elif req.stream_options is not None and req.stream_options.include_usage:
         await _event(resp, {**_head(rt, stream, chat, chunk=True), "choices": [],
                             "usage": _usage(stream)})
     await resp.write(b"data: [DONE]\n\n")
@@ -263,22 +290,17 @@ async def _sse(request: web.Request, rt: Runtime, req: _Common, prompt, params,
     return resp
 
 
-async def _sse_cut(resp: web.StreamResponse, stream: Stream) -> None:
-    """A stream the drain ended: OpenAI's error event; [DONE] follows as on every stream."""
-    stream.finish_reason = "cancelled"
-    await _event(resp, {"error": {"message": stream.error, "type": "server_error",
-                                  "param": None, "code": "draining"}})
-
-
 async def _sse_output(resp: web.StreamResponse, rt: Runtime, stream: Stream, out,
                       chat: bool) -> None:
-    if not out.delta_text and not out.finished:
+    """One chunk; a cancelled or failed request's last output carries only its text (its
+    end is the error event `_sse` writes after it)."""
+    finish = stream.finish_reason if out.finished and _failure(stream) is None else None
+    if not out.delta_text and finish is None:
         return
     if chat:
         delta = {"content": out.delta_text} if out.delta_text else {}
     else:
         delta = out.delta_text
-    finish = _finish(stream) if out.finished else None
     await _event(resp, _chunk(rt, stream, chat, delta, finish))
     _observe(rt, stream, len(out.new_token_ids), time.perf_counter())
 
@@ -308,8 +330,17 @@ def _chunk(rt: Runtime, stream: Stream, chat: bool, delta, finish: str | None = 
     return {**_head(rt, stream, chat, chunk=True), "choices": [body]}
 
 
-def _finish(stream: Stream) -> str:
-    return stream.finish_reason if stream.finish_reason in ("stop", "length") else "stop"
+def _failure(stream: Stream) -> dict | None:
+    """OpenAI's error object for a request that ended without finishing its answer
+    (cancelled or failed), None for `stop` and `length`: never reported as `stop`."""
+    if stream.finish_reason in ("stop", "length"):
+        return None
+    if stream.finish_reason == "cancelled":
+        code = "draining" if stream.cancel_requested else "cancelled"
+        message = stream.error or "the request was cancelled"
+    else:
+        message, code = "internal error", "internal"
+    return {"message": message, "type": "server_error", "param": None, "code": code}
 
 
 def _usage(stream: Stream) -> dict:

@@ -1,10 +1,41 @@
-"""Wire `params` -> SamplingParams, with the gateway's own caps applied."""
+"""Wire `params` -> SamplingParams: the one path every WebSocket frame and HTTP body takes.
+
+    params map ──msgspec.convert(WireParams)──> typed fields ──SamplingParams──> ranges
+                 (types: a 400-digit integer in          (NaN, infinity, out of range)
+                  a float field is refused here)
+
+Both steps name the field; either failure is an `invalid_request` ProtocolError.
+"""
 from __future__ import annotations
+
+import msgspec
 
 from engine.errors import InvalidRequestError
 from engine.sampling_params import SamplingParams
 from gateway.config import GatewayConfig
-from gateway.protocol import ProtocolError
+from gateway.protocol import ProtocolError, field_message
+
+
+class WireParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The sampling fields a client may send (WS `params`, the top level of an OpenAI body).
+    None means absent: the engine's default (or a lower layer's value) applies."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    ignore_eos: bool | None = None
+    priority: int | None = None
+
+
+PARAM_FIELDS = WireParams.__struct_fields__
 
 
 def build_params(config: GatewayConfig, *layers: dict | None,
@@ -17,15 +48,18 @@ def build_params(config: GatewayConfig, *layers: dict | None,
     for layer in layers:
         merged.update(layer or {})
     try:
-        params = SamplingParams.from_dict(merged, max_tokens=config.default_max_tokens)
+        wire = msgspec.convert(merged, WireParams)
+        given = {k: v for k, v in msgspec.structs.asdict(wire).items() if v is not None}
+        params = SamplingParams(**{"max_tokens": config.default_max_tokens, **given})
+    except msgspec.ValidationError as exc:
+        raise _refused(field_message(exc), request_id) from None
     except InvalidRequestError as exc:
-        field = exc.field if exc.field.startswith("params.") else f"params.{exc.field}"
-        message = str(exc).split(": ", 1)[-1]
-        raise ProtocolError("invalid_request", f"{field}: {message}", request_id) from None
-    except (TypeError, ValueError) as exc:  # a wrong type the engine's checks let through
-        raise ProtocolError("invalid_request", f"params: invalid value ({exc})",
-                            request_id) from None
+        raise _refused(str(exc), request_id) from None
     if params.max_tokens > config.max_tokens_cap:
         raise ProtocolError("invalid_request", f"params.max_tokens: must be at most "
                             f"{config.max_tokens_cap}", request_id)
     return params
+
+
+def _refused(message: str, request_id: str | None) -> ProtocolError:
+    return ProtocolError("invalid_request", f"params.{message}", request_id)

@@ -88,7 +88,10 @@ class Codec:
 
     def __init__(self, binary: bool):
         self.binary = binary
-        self._decoder = msgspec.msgpack.Decoder() if binary else msgspec.json.Decoder()
+        # A JSON float beyond a double (1e309) decodes to infinity, so the field it sits in
+        # refuses it by name instead of the whole frame failing to parse.
+        self._decoder = (msgspec.msgpack.Decoder() if binary
+                         else msgspec.json.Decoder(float_hook=float))
         self._encoder = msgspec.msgpack.Encoder() if binary else msgspec.json.Encoder()
 
     def encode(self, msg: dict) -> bytes | str:
@@ -116,12 +119,12 @@ class Codec:
         try:
             msg = msgspec.convert(obj, schema)
         except msgspec.ValidationError as exc:
-            raise ProtocolError("invalid_request", _field_message(exc), request_id) from None
+            raise ProtocolError("invalid_request", field_message(exc), request_id) from None
         _check(msg)
         return msg
 
 
-def _field_message(exc: msgspec.ValidationError) -> str:
+def field_message(exc: msgspec.ValidationError) -> str:
     # msgspec says "Expected `str`, got `int` - at `$.content`"; lead with the field.
     text = str(exc)
     field = re.fullmatch(r"Object (missing required|contains unknown) field `(\w+)`"

@@ -3,27 +3,13 @@
 keeps serving the other tests."""
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
-import torch
 
-from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
-from ws_helpers import open_ws, recv_type
-
-
-async def _tiny_engine() -> AsyncEngine:
-    torch.set_num_threads(1)
-    config = EngineConfig(model="dummy:tiny", device="cpu", num_kv_blocks=64,
-                          max_model_len=256)
-    engine = await asyncio.to_thread(AsyncEngine, config)
-    await engine.start()
-    return engine
+from ws_helpers import open_ws, recv_type, tiny_engine
 
 
 async def test_engine_loop_stopped_gives_internal_and_unhealthy(server):
-    engine = server.call(_tiny_engine())
+    engine = server.call(tiny_engine())
     url = server.start_app(engine=engine)
     try:
         async with aiohttp.ClientSession() as s:

@@ -6,6 +6,9 @@ import json
 
 import aiohttp
 
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+
 
 async def open_ws(session: aiohttp.ClientSession, url: str, **kwargs):
     """Connect to url's /v1/ws; returns (socket, its hello frame)."""
@@ -36,3 +39,13 @@ async def recv_type(ws: aiohttp.ClientWebSocketResponse, kind: str, timeout: flo
             frame = await ws.receive_json()
             if frame["type"] == kind:
                 return frame
+
+
+async def tiny_engine(max_model_len: int = 256) -> AsyncEngine:
+    """A small started engine with random weights, for tests that stop or break it while
+    the shared one keeps serving the other tests. Call it on the server's loop."""
+    config = EngineConfig(model="dummy:tiny", device="cpu", num_kv_blocks=64,
+                          max_model_len=max_model_len)
+    engine = await asyncio.to_thread(AsyncEngine, config)
+    await engine.start()
+    return engine

@@ -1,13 +1,16 @@
-"""Hypothesis strategies for hostile WebSocket frames: (opcode, payload) pairs.
+"""Hypothesis strategies for WebSocket frames: (opcode, payload) pairs.
 
-Every frame is built so that it cannot start a generation (a chat or generate always
-carries an invalid `max_tokens`), so each one must get exactly one reply: an `error`
-with a defined code, or the answer of a harmless valid message (pong, session.*).
+Junk frames (`json_frames`, `msgpack_frames`) are built so that they cannot start a
+generation (a chat or generate always carries an invalid `max_tokens`). Hostile numbers
+(`hostile_*`) sit alone in an otherwise valid frame, in every numeric field of every frame
+type, so nothing else refuses the frame first; one may happen to be valid (a negative
+penalty) and then generates a few tokens. `valid_requests` reach generation.
 Sizes stay under the shared server's 65,536-byte frame limit (1009 is tested apart).
 """
 from __future__ import annotations
 
 import json
+import math
 
 import msgpack
 from hypothesis import strategies as st
@@ -19,6 +22,18 @@ FIELDS = ["id", "content", "prompt", "messages", "params", "system", "t", "role"
 PARAMS = ["max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
           "presence_penalty", "frequency_penalty", "stop", "seed", "ignore_eos", "priority"]
 BAD_MAX_TOKENS = [0, -1, 2**63 - 1, -(2**63), "many", 2.5, [1], {}, 1e308]  # msgpack-sized
+NUMERIC_PARAMS = ["max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                  "presence_penalty", "frequency_penalty", "seed", "priority", "stop_token_ids"]
+# As JSON text: integers of 20 to 5,000 digits (a parser keeps up to 4,300 as a Python
+# int, which no float holds beyond 309), beyond a double (1e308 * 10), the literals JSON
+# lacks (the frame is then not JSON), negative. As msgpack: its extremes and the floats
+# JSON lacks.
+HOSTILE_JSON = st.one_of(
+    st.integers(20, 5000).map(lambda digits: "1" + "0" * (digits - 1)),
+    st.integers(20, 5000).map(lambda digits: "-" + "9" * digits),
+    st.sampled_from(["1e309", "-1e309", "NaN", "Infinity", "-Infinity", "-1000", "-0.5"]))
+HOSTILE_MSGPACK = [2**64 - 1, -(2**63), math.nan, math.inf, -math.inf, -1000, -0.5, 1e308]
+HOLE = "@hostile-number@"  # where the number goes in a frame
 
 huge_ints = st.integers(min_value=-(10**40), max_value=10**40)
 scalars = (st.none() | st.booleans() | st.integers() | huge_ints
@@ -102,6 +117,72 @@ def bad_utf8_msgpack(draw) -> bytes:
     return b"\x82\xa4type\xa4chat" + field + bytes([0xA0 | len(junk)]) + junk
 
 
+@st.composite
+def hostile_message(draw) -> dict:
+    """A valid frame of each type with HOLE in one of its numeric places."""
+    kind = draw(st.sampled_from(["chat", "generate", "session.update", "ping", "cancel"]))
+    if kind == "ping":
+        return {"type": "ping", "t": HOLE}
+    if kind == "cancel":
+        return {"type": "cancel", "id": HOLE}
+    name = draw(st.sampled_from(NUMERIC_PARAMS))
+    params = {name: [HOLE] if name == "stop_token_ids" else HOLE}
+    if kind == "session.update":
+        return {"type": kind, "params": params}
+    params = {"max_tokens": 2, **params}  # should the number be valid, a short generation
+    where = draw(st.sampled_from(["params", "params", "params", "id"]
+                                 + (["prompt"] if kind == "generate" else [])))
+    msg = {"type": kind, "id": "hostile", "params": {"max_tokens": 2}}
+    msg["content" if kind == "chat" else "prompt"] = "x"
+    if where == "params":
+        msg["params"] = params
+    else:
+        msg[where] = HOLE if where == "id" else [1, HOLE, 2]
+    return msg
+
+
+def hostile_json():
+    return st.tuples(hostile_message(), HOSTILE_JSON).map(
+        lambda m: (TEXT, json.dumps(m[0]).replace(f'"{HOLE}"', m[1])))
+
+
+def hostile_msgpack():
+    def fill(value, number):
+        if value == HOLE:
+            return number
+        if isinstance(value, dict):
+            return {k: fill(v, number) for k, v in value.items()}
+        return [fill(v, number) for v in value] if isinstance(value, list) else value
+
+    return st.tuples(hostile_message(), st.sampled_from(HOSTILE_MSGPACK)).map(
+        lambda m: (BINARY, msgpack.packb(fill(*m))))
+
+
+@st.composite
+def valid_request(draw) -> dict:
+    """A chat or generate that reaches generation (a few tokens); the test gives its id."""
+    params = {"max_tokens": draw(st.integers(1, 3))}
+    optional = {"temperature": st.floats(0, 2), "top_p": st.floats(0.05, 1),
+                "top_k": st.integers(-1, 50), "min_p": st.floats(0, 0.5),
+                "repetition_penalty": st.floats(0.5, 2), "presence_penalty": st.floats(-2, 2),
+                "frequency_penalty": st.floats(-2, 2), "seed": st.integers(0, 2**63 - 1),
+                "priority": st.integers(-100, 100), "ignore_eos": st.booleans(),
+                "stop": st.text(min_size=1, max_size=4)}
+    for name in draw(st.lists(st.sampled_from(sorted(optional)), max_size=4, unique=True)):
+        params[name] = draw(optional[name])
+    # One chat turn runs at a time per session (the rest answer `busy`): fewer chats, and
+    # last, as Hypothesis leans towards the first choice.
+    shape = draw(st.sampled_from(["text", "text", "messages", "token_ids", "token_ids", "chat"]))
+    if shape == "chat":
+        return {"type": "chat", "content": draw(st.text(min_size=1, max_size=20)),
+                "params": params}
+    prompt = {"text": {"prompt": draw(st.text(min_size=1, max_size=20))},
+              "messages": {"messages": [{"role": "user", "content": "Hi"}]},
+              "token_ids": {"prompt": draw(st.lists(st.integers(1, 40000), min_size=1,
+                                                    max_size=8))}}[shape]
+    return {"type": "generate", **prompt, "params": params}
+
+
 def json_frames():
     """Frames for a JSON (text) socket."""
     return st.one_of(
@@ -113,6 +194,7 @@ def json_frames():
         messages().map(lambda m: (TEXT, json.dumps(m)[:-1])),  # truncated
         invalid_utf8().map(lambda b: (BINARY, b)),
         st.binary(max_size=512).map(lambda b: (BINARY, b)),
+        hostile_json(), hostile_json(),
     )
 
 
@@ -126,4 +208,5 @@ def msgpack_frames():
         deep_msgpack().map(lambda b: (BINARY, b)),
         bad_utf8_msgpack().map(lambda b: (BINARY, b)),
         messages().map(lambda m: (TEXT, json.dumps(m))),  # text on a binary socket
+        hostile_msgpack(), hostile_msgpack(),
     )
