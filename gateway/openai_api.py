@@ -6,6 +6,7 @@ OpenAI-shaped: {"error": {"message", "type", "param", "code"}}.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import itertools

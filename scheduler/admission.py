@@ -102,6 +102,7 @@ class AdmissionController:
         self.clock = clock
         self.drain = DrainRate(config.drain_window_s)
         self.rejections: Counter[str] = Counter()
+        self.expired = 0  # of the rejections, those of queued tickets past their budget
         self.queue_time_observers: list[Callable[[float], None]] = []
         self._running: dict[int, Ticket] = {}  # in grant order: the first is the oldest
         self._queue: dict[tuple[int, int], dict[int, Ticket]] = {}  # key -> FIFO bucket
@@ -294,6 +295,7 @@ class AdmissionController:
         self._count_out(ticket, 0, now)
         self._update_busy(now)
         self.rejections[OVERLOADED] += 1
+        self.expired += 1
         rps = self.drain.requests_per_s
         retry_ms = 1000.0 * self._num_queued / rps if rps else 1000.0
         retry_ms = min(max(retry_ms, self.config.retry_after_min_ms),

@@ -10,7 +10,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.cuda_graphs import DecodeGraphs, capture_sizes
-from engine.errors import InvalidRequestError
+from engine.errors import ConfigError
 from engine.model_runner import _host_inputs, _pad, _tensors
 from engine.request import Request
 from engine.step_scheduler import ScheduledBatch
@@ -39,7 +39,7 @@ def test_every_batch_up_to_the_max_gets_the_smallest_size_that_holds_it(max_batc
 
 
 def test_graph_sizes_need_a_positive_max_batch():
-    with pytest.raises(InvalidRequestError, match="cuda_graph_max_batch"):
+    with pytest.raises(ConfigError, match="cuda_graph_max_batch"):
         LLM(model="dummy:tiny", device="cpu", cuda_graph_max_batch=0)
 
 
