@@ -15,14 +15,13 @@ import logging
 import math
 import secrets
 import time
-from typing import Any
 
-import msgspec
 from aiohttp import web
 
 from engine.errors import EngineError
 from gateway.auth import authenticate, check_origin, error_response
-from gateway.params import PARAM_FIELDS, WireParams, build_params
+from gateway.openai_request import (ChatRequest, CommonRequest, CompletionRequest,
+                                    bad_request, decode_body, message_text, sampling_params)
 from gateway.protocol import ROLES, ProtocolError
 from gateway.state import RUNTIME, Runtime
 from gateway.stream import Stream
@@ -30,39 +29,6 @@ from gateway.stream import Stream
 log = logging.getLogger(__name__)
 _ids = itertools.count()
 _OWNER = web.RequestKey("owner", str)  # the caller's key hash; None without auth
-
-
-class _Part(msgspec.Struct):
-    type: str
-    text: str = ""
-
-
-class _ChatMessage(msgspec.Struct):
-    role: str
-    content: str | list[_Part] | None = None
-
-
-class _StreamOptions(msgspec.Struct):
-    include_usage: bool = False
-
-
-class _Common(WireParams, kw_only=True, forbid_unknown_fields=False):
-    """The sampling fields are WireParams' (one schema with /v1/ws); unknown fields are
-    ignored as OpenAI's own API ignores them."""
-
-    model: str | None = None
-    max_completion_tokens: int | None = None
-    n: int = 1
-    stream: bool = False
-    stream_options: _StreamOptions | None = None
-
-
-class ChatRequest(_Common, kw_only=True):
-    messages: list[_ChatMessage]
-
-
-class CompletionRequest(_Common, kw_only=True):
-    prompt: str | list[str | int]  # text, token ids, or a list holding one text
 
 
 def _contained(handler):
@@ -96,27 +62,27 @@ async def models(request: web.Request) -> web.Response:
 @_contained
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
-    req = await _decode(request, ChatRequest)
-    messages = [{"role": m.role, "content": _text(m.content)} for m in req.messages]
+    req = await decode_body(request, ChatRequest)
+    messages = [{"role": m.role, "content": message_text(m.content)} for m in req.messages]
     if not messages:
-        raise _bad("messages: must not be empty", "messages")
+        raise bad_request("messages: must not be empty", "messages")
     for i, m in enumerate(messages):
         if m["role"] not in ROLES:
-            raise _bad(f"messages[{i}].role: must be one of {sorted(ROLES)}", "messages")
+            raise bad_request(f"messages[{i}].role: must be one of {sorted(ROLES)}", "messages")
     return await _complete(request, rt, req, rt.engine.encode_chat(messages), chat=True)
 
 
 @_contained
 async def completions(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
-    req = await _decode(request, CompletionRequest)
+    req = await decode_body(request, CompletionRequest)
     prompt = req.prompt
     if isinstance(prompt, list) and any(isinstance(x, str) for x in prompt):
         if len(prompt) != 1:
-            raise _bad("prompt: only one prompt per request is supported", "prompt")
+            raise bad_request("prompt: only one prompt per request is supported", "prompt")
         prompt = prompt[0]
     if not prompt:
-        raise _bad("prompt: must not be empty", "prompt")
+        raise bad_request("prompt: must not be empty", "prompt")
     return await _complete(request, rt, req, prompt, chat=False)
 
 
@@ -131,54 +97,9 @@ def _runtime(request: web.Request) -> Runtime:
     return rt
 
 
-async def _decode(request: web.Request, schema: type[msgspec.Struct]):
-    body = await request.read()
-    try:
-        req = msgspec.json.decode(body, type=schema)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        param = text.rsplit("`$.", 1)[-1].rstrip("`") if "`$." in text else None
-        raise _bad(text, param) from None
-    except msgspec.DecodeError as exc:
-        raise _bad(f"body is not valid JSON: {exc}", None, code="invalid_json") from None
-    if req.n != 1:
-        raise _bad("n: only n=1 is supported", "n")
-    return req
-
-
-def _text(content: str | list[_Part] | None) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    return "".join(part.text for part in content if part.type == "text")
-
-
-def _bad(message: str, param: str | None, code: str = "invalid_request") -> web.HTTPException:
-    exc = error_response(web.HTTPBadRequest, message, code, err_type="invalid_request_error")
-    if param is not None:  # name the field the way OpenAI does
-        body = json.loads(exc.text)
-        body["error"]["param"] = param
-        exc.text = json.dumps(body)
-    return exc
-
-
-def _params(rt: Runtime, req: _Common):
-    wire: dict[str, Any] = {k: getattr(req, k) for k in PARAM_FIELDS
-                            if getattr(req, k) is not None}
-    # OpenAI's newer name wins; an error about it names the field the client sent.
-    limit_name = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
-    if getattr(req, limit_name) is not None:
-        wire["max_tokens"] = getattr(req, limit_name)
-    try:
-        return build_params(rt.config, wire)
-    except ProtocolError as exc:
-        param, _, problem = exc.message.removeprefix("params.").partition(":")
-        param = limit_name if param == "max_tokens" else param
-        raise _bad(f"{param}:{problem}", param) from None
-
-
-async def _complete(request: web.Request, rt: Runtime, req: _Common, prompt,
+async def _complete(request: web.Request, rt: Runtime, req: CommonRequest, prompt,
                     chat: bool) -> web.StreamResponse:
-    params = _params(rt, req)
+    params = sampling_params(rt, req)
     if isinstance(prompt, str):
         prompt = rt.engine.encode(prompt)
     stream = Stream(f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}",
@@ -213,7 +134,7 @@ def _draining() -> web.HTTPException:
 def _refusal(exc: ProtocolError) -> web.HTTPException:
     """Admission's answer as HTTP: 400 for a bad param, 429 rate_limited, 503 overloaded."""
     if exc.code == "invalid_request":
-        return _bad(exc.message, exc.message.split(":", 1)[0].removeprefix("params."))
+        return bad_request(exc.message, exc.message.split(":", 1)[0].removeprefix("params."))
     retry_s = str(max(1, math.ceil((exc.retry_after_ms or 1000) / 1000)))
     cls = web.HTTPTooManyRequests if exc.code == "rate_limited" else web.HTTPServiceUnavailable
     return error_response(cls, exc.message, exc.code, headers={"Retry-After": retry_s})
@@ -230,7 +151,7 @@ async def _outputs(rt: Runtime, prompt, params, stream: Stream, chat: bool):
     except EngineError as exc:
         if stream.first_written is not None or exc.code == "internal":
             raise
-        raise _bad(str(exc), "messages" if chat else "prompt", code=exc.code) from None
+        raise bad_request(str(exc), "messages" if chat else "prompt", code=exc.code) from None
 
 
 async def _whole(rt: Runtime, prompt, params, stream: Stream, chat: bool) -> web.Response:
@@ -255,7 +176,7 @@ async def _whole(rt: Runtime, prompt, params, stream: Stream, chat: bool) -> web
         "usage": _usage(stream)})
 
 
-async def _sse(request: web.Request, rt: Runtime, req: _Common, prompt, params,
+async def _sse(request: web.Request, rt: Runtime, req: CommonRequest, prompt, params,
                stream: Stream, chat: bool) -> web.StreamResponse:
     async with contextlib.aclosing(_outputs(rt, prompt, params, stream, chat)) as outputs:
         out = await anext(outputs, None)  # errors in the prompt still answer 400, not SSE

@@ -11,7 +11,6 @@ import asyncio
 import threading
 import time
 
-import aiohttp
 import pytest
 import torch
 import uvloop

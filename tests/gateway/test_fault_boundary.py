@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 import gateway.connection
-import gateway.openai_api
+import gateway.openai_request
 from gateway.outbox import CLOSE_SLOW_CONSUMER, Outbox, OutboxFull
 from gateway.protocol import ProtocolError
 from gateway.state import RUNTIME
@@ -66,7 +66,7 @@ async def _sse_events(resp) -> list[str]:
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_http_request_that_raises_answers_500_and_spares_the_others(
         base_url, monkeypatch, caplog, stream):
-    _raise_for(monkeypatch, gateway.openai_api,
+    _raise_for(monkeypatch, gateway.openai_request,
                lambda layers, kwargs: layers[0].get("seed") == 4242)
     body = {"prompt": "Hi", "stream": stream, **LONG}
     async with aiohttp.ClientSession() as s:

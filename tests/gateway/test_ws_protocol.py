@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import aiohttp
 import msgpack
-import pytest
 
 from gateway.protocol import MSGPACK_SUBPROTOCOL
 

@@ -1,5 +1,4 @@
 """Arrival process: seeded Poisson mean rate, gamma burstiness, infinite rate, pacing."""
-import asyncio
 import itertools
 import math
 import random

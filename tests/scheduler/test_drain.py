@@ -68,10 +68,15 @@ async def test_full_outbox_closes_that_socket_and_the_drain_goes_on(server):
     await silent.connect(url)
     conn = next(c for c in list(rt.connections) if c.session.id == stalled.session_id)
     server.call(_constrain(conn))
-    for _ in range(3):  # the writer blocks on the first pong; two more fill the outbox
-        await stalled.send({"type": "ping", "t": "x" * 30000})
-    while len(conn.outbox._entries) < 2:  # noqa: SLF001 - wait until it is full
-        await asyncio.sleep(0.02)
+    # Pongs the client never reads fill its socket buffers, then block the writer, then
+    # fill the outbox: how many that takes depends on the kernel's buffer sizes. A ping is
+    # sent only once the last one has been answered into the outbox, so none overflows it.
+    for _ in range(300):
+        if len(conn.outbox._entries) >= 2:  # noqa: SLF001 - full
+            break
+        await stalled.send({"type": "ping", "t": "x" * 60_000})
+        await asyncio.sleep(0.1)
+    assert len(conn.outbox._entries) == 2  # noqa: SLF001
     async with aiohttp.ClientSession() as http, WsClient(http, url) as healthy:
         await healthy.generate("h", "Once upon a time", MAX_TOKENS)
         took = await asyncio.wait_for(_start_drain(server, app), 30)
