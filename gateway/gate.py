@@ -16,7 +16,8 @@ from engine.outputs import EngineStats
 from gateway.config import GatewayConfig
 from gateway.metrics import Metrics
 from gateway.protocol import ProtocolError
-from scheduler.admission import AdmissionController, InvalidAdmission, Rejected, Ticket
+from scheduler.admission import AdmissionController
+from scheduler.ticket import InvalidAdmission, Rejected, Ticket
 from scheduler.config import SchedulerConfig
 from scheduler.metrics import register_metrics
 from scheduler.signals import ResourceSampler

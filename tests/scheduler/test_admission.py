@@ -4,7 +4,8 @@ import asyncio
 import pytest
 
 from engine.outputs import EngineStats
-from scheduler.admission import AdmissionController, InvalidAdmission, Rejected
+from scheduler.admission import AdmissionController
+from scheduler.ticket import InvalidAdmission, Rejected
 from scheduler.config import SchedulerConfig
 
 
