@@ -13,6 +13,16 @@ from engine.outputs import CompletionOutput
 from engine.sampling_params import SamplingParams
 
 
+def set_num_threads(num_threads: int | None) -> None:
+    """torch's CPU intra-op threads: a setting of the whole process, so only entry points
+    (`LLM`, `tokenwire serve`, `tokenwire bench`) call this. None keeps torch's default."""
+    if num_threads is None:
+        return
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads <= 0:
+        raise ConfigError("num_threads", "must be a positive integer")
+    torch.set_num_threads(num_threads)
+
+
 class LLM:
     """Offline batched generation over the same engine the server uses.
 
@@ -26,11 +36,7 @@ class LLM:
 
     def __init__(self, model: str = "default", device: str = "auto",
                  num_threads: int | None = None, **config):
-        if num_threads is not None:
-            if isinstance(num_threads, bool) or not isinstance(num_threads, int) \
-                    or num_threads <= 0:
-                raise ConfigError("num_threads", "must be a positive integer")
-            torch.set_num_threads(num_threads)
+        set_num_threads(num_threads)
         self.core = EngineCore(EngineConfig(model=model, device=device, **config))
 
     @property

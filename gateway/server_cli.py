@@ -138,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         engine_cfg = engine_config(args)
         sched_cfg = scheduler_config(args)
         store_cfg = session_store_config(args)
+        from engine.llm import set_num_threads  # loads torch: only once the flags are good
+
         set_num_threads(args.num_threads)
     except (ConfigError, ValueError, OSError) as exc:
         log.error("bad configuration: %s", exc)
@@ -150,18 +152,6 @@ def run(args: argparse.Namespace) -> int:
     # half a second to a drain that has promised to end within its bound.
     logging.shutdown()
     os._exit(code)
-
-
-def set_num_threads(num_threads: int | None) -> None:
-    """torch's CPU intra-op threads: a setting of the whole process, so only the entry
-    point makes it (None keeps torch's default)."""
-    if num_threads is None:
-        return
-    if num_threads <= 0:
-        raise ConfigError("num_threads", "must be a positive integer")
-    import torch
-
-    torch.set_num_threads(num_threads)
 
 
 def freeze_startup_heap() -> None:

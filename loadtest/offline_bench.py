@@ -12,6 +12,7 @@ import time
 import torch
 
 from engine import LLM, SamplingParams
+from engine.llm import set_num_threads
 from loadtest import hf_peers
 from loadtest.roofline import (SUSTAIN_S, Workload, around, bandwidth_ceiling,
                                compute_ceiling, measure_hardware)
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise SystemExit("--repeat: must be at least 1")
     if args.num_threads:
-        torch.set_num_threads(args.num_threads)
+        set_num_threads(args.num_threads)
     workload = Workload(args.num_prompts, args.input_len, args.output_len)
     timings: dict[str, list[dict]] = {}
     for round_ in range(args.repeat):

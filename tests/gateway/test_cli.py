@@ -97,16 +97,18 @@ def test_num_threads_is_set_by_the_entry_point_only():
     """Threads are the whole process's: `tokenwire serve` sets them, the engine never."""
     import torch
 
+    from engine.llm import set_num_threads
+
     before = torch.get_num_threads()
     try:
-        server_cli.set_num_threads(None)
+        set_num_threads(None)
         assert torch.get_num_threads() == before
-        server_cli.set_num_threads(1)
+        set_num_threads(1)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
     with pytest.raises(ConfigError):
-        server_cli.set_num_threads(0)
+        set_num_threads(0)
     assert "num_threads" not in {f.name for f in dataclasses.fields(EngineConfig)}
 
 
