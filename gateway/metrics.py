@@ -52,6 +52,16 @@ class Metrics:
                                 registry=r)
         r.register(_EngineCollector(engine_stats, gpu_sampler))
 
+    def observe_delta(self, stream, n: int, now: float) -> None:
+        """A frame with `n` of a request's tokens was written (n 0: a whole response)."""
+        gap = stream.written(now)
+        if gap is None:
+            self.ttft.observe(now - stream.received)
+        elif n > 0:
+            # Tokens that arrive together in one frame share the gap since the last frame.
+            for _ in range(n):
+                self.itl.observe(gap / n)
+
     def observe_done(self, stream, now: float) -> None:
         """A request's `done` (or last SSE chunk) was written."""
         self.e2e.observe(now - stream.received)

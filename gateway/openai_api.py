@@ -160,14 +160,13 @@ async def _whole(rt: Runtime, prompt, params, stream: Stream, chat: bool) -> web
             pass
     failure = _failure(stream)
     if failure is not None:
-        cancelled = failure["code"] == "cancelled"
+        cancelled = stream.finish_reason == "cancelled"  # 503, as for a drain; else 500
         raise error_response(web.HTTPServiceUnavailable if cancelled
                              else web.HTTPInternalServerError, failure["message"],
                              failure["code"], err_type="server_error",
                              headers={"Retry-After": "1"} if cancelled else None)
     now = time.perf_counter()
-    stream.written(now)
-    rt.metrics.ttft.observe(now - stream.received)
+    rt.metrics.observe_delta(stream, 0, now)  # the whole answer is its first write
     rt.metrics.observe_done(stream, now)
     choice = ({"message": {"role": "assistant", "content": stream.text}} if chat
               else {"text": stream.text})
@@ -224,16 +223,7 @@ async def _sse_output(resp: web.StreamResponse, rt: Runtime, stream: Stream, out
     else:
         delta = out.delta_text
     await _event(resp, _chunk(rt, stream, chat, delta, finish))
-    _observe(rt, stream, len(out.new_token_ids), time.perf_counter())
-
-
-def _observe(rt: Runtime, stream: Stream, n: int, now: float) -> None:
-    gap = stream.written(now)
-    if gap is None:
-        rt.metrics.ttft.observe(now - stream.received)
-    else:
-        for _ in range(n):
-            rt.metrics.itl.observe(gap / n)
+    rt.metrics.observe_delta(stream, len(out.new_token_ids), time.perf_counter())
 
 
 async def _event(resp: web.StreamResponse, obj: dict) -> None:

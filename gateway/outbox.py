@@ -108,16 +108,6 @@ async def run_writer(ws: web.WebSocketResponse, codec: Codec, outbox: Outbox,
             return  # the reader sees the close and cleans up
         now = time.perf_counter()
         if kind == "delta":
-            _observe_delta(metrics, item, frame["n"], now)
+            metrics.observe_delta(item, frame["n"], now)
         elif kind == "done":
             metrics.observe_done(item, now)
-
-
-def _observe_delta(metrics: Metrics, stream: Stream, n: int, now: float) -> None:
-    gap = stream.written(now)
-    if gap is None:
-        metrics.ttft.observe(now - stream.received)
-    elif n > 0:
-        # Tokens that arrive together in one frame share the gap since the last frame.
-        for _ in range(n):
-            metrics.itl.observe(gap / n)
