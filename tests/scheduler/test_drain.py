@@ -28,6 +28,14 @@ def _start_drain(server, app) -> asyncio.Future:
     return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(timed(), server.loop))
 
 
+async def _first_token(result) -> None:
+    """Wait until the stream has produced a token: a drain that starts before the server has
+    read the generate frame refuses it (`draining`) instead of cancelling it."""
+    while not result.tokens:
+        assert not result.done.is_set(), (result.error, result.message)
+        await asyncio.sleep(0.01)
+
+
 async def _sse_events(resp: aiohttp.ClientResponse) -> list[bytes]:
     return [line.strip() async for line in resp.content if line.strip()]
 
@@ -39,7 +47,8 @@ async def test_drain_ends_sse_and_ws_streams_at_the_deadline(server):
     body = {"prompt": "Once upon a time", "stream": True, "max_tokens": MAX_TOKENS,
             "ignore_eos": True}
     async with aiohttp.ClientSession() as http, WsClient(http, url) as ws:
-        await ws.generate("w", "Once upon a time", MAX_TOKENS)
+        await asyncio.wait_for(_first_token(await ws.generate("w", "Once upon a time",
+                                                              MAX_TOKENS)), 30)
         async with http.post(url + "/v1/completions", json=body) as resp:
             assert resp.status == 200
             await resp.content.readline()  # the first chunk: the stream is running
@@ -78,7 +87,8 @@ async def test_full_outbox_closes_that_socket_and_the_drain_goes_on(server):
         await asyncio.sleep(0.1)
     assert len(conn.outbox._entries) == 2  # noqa: SLF001
     async with aiohttp.ClientSession() as http, WsClient(http, url) as healthy:
-        await healthy.generate("h", "Once upon a time", MAX_TOKENS)
+        await asyncio.wait_for(_first_token(await healthy.generate("h", "Once upon a time",
+                                                                   MAX_TOKENS)), 30)
         took = await asyncio.wait_for(_start_drain(server, app), 30)
         await asyncio.wait_for(healthy.results["h"].done.wait(), 10)
     assert healthy.results["h"].finish_reason == "cancelled"
