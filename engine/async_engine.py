@@ -105,6 +105,10 @@ class AsyncEngine:
     def encode(self, text: str) -> list[int]:
         return self.core.encode(text)
 
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise what `generate` would raise for this prompt and params, before starting."""
+        self.core.validate(prompt_ids, params)
+
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -121,8 +125,11 @@ class AsyncEngine:
 
     # -- requests -----------------------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs. Raises InvalidRequestError/PromptTooLongError at once."""
+                       request_id: str | None = None,
+                       parent_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs. Raises InvalidRequestError/PromptTooLongError at once.
+        `parent_id`: another live sample of the same prompt, whose prompt blocks this one
+        shares (`n > 1`: one prefill for all samples)."""
         if not self.is_alive:
             raise EngineDeadError(f"engine loop is not running: {self._dead!r}")
         request_id = request_id or f"req-{next(self._ids)}"
@@ -132,7 +139,7 @@ class AsyncEngine:
             raise InvalidRequestError("id", f"request {request_id!r} is already running")
         collector = _Collector()
         self._collectors[request_id] = collector
-        self._submit(("add", request_id, prompt_ids, params))
+        self._submit(("add", request_id, prompt_ids, params, parent_id))
         finished = False
         try:
             while not finished:

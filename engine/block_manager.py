@@ -35,6 +35,7 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         self.cache_queries = 0  # prompt tokens looked up in the prefix cache, once a request
         self.cache_hits = 0  # of those, tokens found
+        self.fork_shared_tokens = 0  # prompt tokens samples took from their parent's blocks
 
     @property
     def num_blocks(self) -> int:
@@ -108,6 +109,21 @@ class BlockManager:
             self.blocks[block_id].ref_count = 1
             request.block_ids.append(block_id)
         return True
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Give `child` (the same prompt) a reference on each of the parent's full blocks
+        of that prompt; the prompt's last token stays to compute, as on a cache hit.
+
+            parent.block_ids: [ A | B | C (partial, parent's own) ]
+            child.block_ids:  [ A | B ]   ref_count(A) = ref_count(B) = 2
+        """
+        num_shared = (child.num_prompt_tokens - 1) // self.block_size
+        child.block_ids = list(parent.block_ids[:num_shared])
+        child.block_hashes = list(parent.block_hashes[:num_shared])
+        for block_id in child.block_ids:
+            self._take(self.blocks[block_id])
+        child.num_computed_tokens = num_shared * self.block_size
+        self.fork_shared_tokens += child.num_computed_tokens
 
     def free(self, request: Request) -> None:
         """Drop the request's references; tail blocks go to the free queue first (evicted first)."""

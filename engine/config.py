@@ -45,6 +45,7 @@ class EngineConfig:
     # A failed step ends only its own requests; this many failed steps in a row mean the
     # device or the engine is broken for good: the engine stops (and `serve` exits).
     max_consecutive_failed_steps: int = 3
+    max_logprobs: int = 20  # most top alternatives a request may ask for per token
 
     def __post_init__(self):
         _positive("block_size", self.block_size)
@@ -52,6 +53,9 @@ class EngineConfig:
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("max_consecutive_failed_steps", self.max_consecutive_failed_steps)
         _positive("cuda_graph_max_batch", self.cuda_graph_max_batch)
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \
+                or self.max_logprobs < 0:
+            raise ConfigError("max_logprobs", "must be a non-negative integer")
         if self.num_kv_blocks is not None:
             _positive("num_kv_blocks", self.num_kv_blocks)
         if self.max_model_len is not None:

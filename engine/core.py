@@ -9,6 +9,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineDeadError, InvalidRequestError, PromptTooLongError
 from engine.host_memory import keep_freed_step_buffers
 from engine.loader import load_model
+from engine.logprobs import TokenLogprob
 from engine.model_runner import ModelRunner
 from engine.models.config import context_len
 from engine.outputs import EngineStats, RequestOutput
@@ -70,21 +71,28 @@ class EngineCore:
             raise InvalidRequestError("prompt", "must not be empty")
         if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_token_ids):
             raise InvalidRequestError("prompt", f"token ids must be in [0, {self.vocab_size})")
+        if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
+            raise InvalidRequestError("logprobs", f"must be at most {self.config.max_logprobs}")
         if len(prompt_token_ids) >= self.max_model_len:
             raise PromptTooLongError(
                 f"prompt has {len(prompt_token_ids)} tokens; the context holds "
                 f"{self.max_model_len} including at least one generated token")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams) -> None:
+                    params: SamplingParams, parent_id: str | None = None) -> None:
+        """Queue a request. `parent_id` names another sample of the same prompt (`n > 1`):
+        while that one lives, this one shares its prompt's KV blocks instead of a prefill."""
         self.validate(prompt_token_ids, params)
         if request_id in self.requests:
             raise InvalidRequestError("id", f"request {request_id!r} is already running")
         request = Request(request_id, list(prompt_token_ids), params)
+        parent = self.requests.get(parent_id) if parent_id is not None else None
+        if parent is not None and parent.prompt_token_ids != request.prompt_token_ids:
+            parent = None
         self.requests[request_id] = request
         self.detokenizers[request_id] = IncrementalDetokenizer(
             self.tokenizer, request.prompt_token_ids, params.stop)
-        self.scheduler.add(request)
+        self.scheduler.add(request, parent)
         self.totals.prompt_tokens += request.num_prompt_tokens
 
     def abort_request(self, request_id: str) -> None:
@@ -106,14 +114,17 @@ class EngineCore:
         if not batch.requests:
             return outputs
         try:
-            sampled = self.runner.execute(batch)
+            sampled, logprobs = self.runner.execute(batch)
             booked = self.scheduler.update_from_output(batch, sampled)
         except Exception as exc:  # noqa: BLE001 - the fault ends at this step's requests
             return outputs + self._fail_step(batch, exc)
         self.num_failed_steps = 0
         self.totals.steps += 1
         self.totals.generation_tokens += len(booked)
-        outputs.extend(self._on_token(request, token) for request, token in booked)
+        by_request = {r.request_id: lp for r, lp in zip(batch.requests, logprobs)
+                      if lp is not None}
+        outputs.extend(self._on_token(request, token, by_request.get(request.request_id))
+                       for request, token in booked)
         return outputs
 
     def _fail_step(self, batch: ScheduledBatch, exc: Exception) -> list[RequestOutput]:
@@ -128,12 +139,16 @@ class EngineCore:
                                   f"the last: {type(exc).__name__}: {exc}") from exc
         return failed
 
-    def _on_token(self, request: Request, token: int) -> RequestOutput:
+    def _on_token(self, request: Request, token: int,
+                  logprob: TokenLogprob | None) -> RequestOutput:
         try:
-            return self._detokenize(request, token, request.finish_reason)
+            out = self._detokenize(request, token, request.finish_reason)
         except Exception as exc:  # one request's failure must not stop the others
             log.exception("request %s failed", request.request_id)
             return self._finish(request, "error", "", error=f"{type(exc).__name__}: {exc}")
+        if logprob is not None:
+            out.logprobs = [logprob]
+        return out
 
     def _detokenize(self, request: Request, token: int, reason: str | None) -> RequestOutput:
         """The token's text, checked for stop strings; `reason` is the scheduler's stop."""
@@ -170,10 +185,13 @@ class EngineCore:
     def stats(self) -> EngineStats:
         t = self.totals
         return EngineStats(
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting) + len(self.scheduler.forks),
             num_free_blocks=self.blocks.num_free_blocks, num_total_blocks=self.blocks.num_blocks,
             prefix_cache_queries=self.blocks.cache_queries,
             prefix_cache_hits=self.blocks.cache_hits,
+            prefill_tokens=self.scheduler.num_prefill_tokens,
+            fork_shared_tokens=self.blocks.fork_shared_tokens,
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=t.prompt_tokens,
             generation_tokens=t.generation_tokens, steps=t.steps,
             finish_reasons=dict(t.finish_reasons))

@@ -70,6 +70,8 @@ class LLM:
                     result = results[out.request_id]
                     result.text += out.delta_text
                     result.token_ids.extend(out.new_token_ids)
+                    if out.logprobs:
+                        result.logprobs = (result.logprobs or []) + out.logprobs
                     result.num_cached_tokens = out.num_cached_tokens
                     if out.finished:
                         result.finish_reason = out.finish_reason

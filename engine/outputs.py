@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.logprobs import TokenLogprob
+
 
 @dataclass
 class RequestOutput:
@@ -20,11 +22,14 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when asked
 
     def merge(self, later: "RequestOutput") -> None:
         """Fold a later diff into this one (the one-slot collector's merge)."""
         self.delta_text += later.delta_text
         self.new_token_ids.extend(later.new_token_ids)
+        if later.logprobs:
+            self.logprobs = (self.logprobs or []) + later.logprobs
         self.finished = later.finished
         self.finish_reason = later.finish_reason
         self.num_cached_tokens = later.num_cached_tokens
@@ -41,6 +46,7 @@ class CompletionOutput:
     finish_reason: str | None
     num_prompt_tokens: int
     num_cached_tokens: int
+    logprobs: list[TokenLogprob] | None = None  # one per token, when asked
 
 
 @dataclass
@@ -53,6 +59,8 @@ class EngineStats:
     num_total_blocks: int = 0
     prefix_cache_queries: int = 0  # tokens looked up
     prefix_cache_hits: int = 0  # tokens found
+    prefill_tokens: int = 0  # prompt tokens computed (a cache hit or a fork computes none)
+    fork_shared_tokens: int = 0  # prompt tokens `n > 1` samples shared with their first
     num_preemptions: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0

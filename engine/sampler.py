@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.logprobs import LogprobRows, TokenLogprob
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
@@ -26,13 +27,17 @@ class Sampler:
         self._generators: dict[str, torch.Generator] = {}
         self._unseeded = 0
 
-    def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+    def sample(self, logits: torch.Tensor, requests: list[Request]
+               ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """One token per row, and its log-probabilities for the rows that ask for them
+        (taken from the raw logits, before anything below changes them)."""
+        logprobs = LogprobRows(logits, requests)
         tokens = logits.argmax(dim=-1)
         rows = [i for i, r in enumerate(requests)
                 if not (r.params.greedy and not r.params.has_penalties)]
         if rows:
             tokens[rows] = self._sample_rows(logits[rows], [requests[i] for i in rows])
-        return tokens.tolist()
+        return tokens.tolist(), logprobs.gather(tokens, len(requests))
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)

@@ -31,6 +31,8 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     priority: int = 0
+    # None: no log-probabilities; k: each token's, with its k most likely alternatives
+    logprobs: int | None = None
 
     def __post_init__(self):
         self.stop = _as_list(self.stop, "stop", "must be a string or a list of strings",
@@ -89,6 +91,9 @@ def _check_types(p: SamplingParams) -> None:
         setattr(p, name, _finite_float(getattr(p, name), name))
     if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int)):
         raise InvalidRequestError("seed", "must be an integer or null")
+    if p.logprobs is not None and (isinstance(p.logprobs, bool)
+                                   or not isinstance(p.logprobs, int)):
+        raise InvalidRequestError("logprobs", "must be an integer or null")
     if not isinstance(p.ignore_eos, bool):
         raise InvalidRequestError("ignore_eos", "must be a boolean")
     if not all(isinstance(s, str) for s in p.stop):
@@ -122,6 +127,7 @@ def _check_ranges(p: SamplingParams) -> None:
     _require(-2.0 <= p.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]")
     _require(p.seed is None or 0 <= p.seed < 2**63, "seed", "must be in [0, 2^63)")
     _require(-100 <= p.priority <= 100, "priority", "must be in [-100, 100]")
+    _require(p.logprobs is None or p.logprobs >= 0, "logprobs", "must be non-negative")
     _require(len(p.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} strings")
     _require(all(0 < len(s) <= MAX_STOP_STRING_CHARS for s in p.stop), "stop",
              f"each stop string must have 1..{MAX_STOP_STRING_CHARS} characters")

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
+from engine.forks import ForkWaitlist
 from engine.request import Request, RequestStatus
 
 
@@ -49,10 +50,26 @@ class StepScheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.forks = ForkWaitlist()
         self.num_preemptions = 0
+        self.num_prefill_tokens = 0  # prompt tokens computed by steps (forks share theirs)
 
-    def add(self, request: Request) -> None:
-        self.waiting.append(request)
+    def add(self, request: Request, parent: Request | None = None) -> None:
+        """Queue a request; a sample of `parent` (the same prompt, `n > 1`) shares the
+        parent's prompt blocks instead of computing them again."""
+        if parent is None or parent.is_finished:
+            self.waiting.append(request)
+        elif parent.num_output_tokens == 0:
+            self.forks.wait_for(parent, request)  # until the parent's prompt is computed
+        elif parent.block_ids and parent.status is RequestStatus.RUNNING:
+            self._fork(parent, [request])
+        else:
+            self.waiting.append(request)  # the prefix cache may still hold the prompt
+
+    def _fork(self, parent: Request, children: list[Request]) -> None:
+        for child in reversed(children):  # next in line, in arrival order
+            self.blocks.fork(parent, child)
+            self.waiting.appendleft(child)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -90,12 +107,14 @@ class StepScheduler:
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            cached = self.blocks.find_cached_prefix(request)
-            num_computed = len(cached) * self.blocks.block_size
+            forked = bool(request.block_ids)  # holds its parent's prompt blocks already
+            cached = [] if forked else self.blocks.find_cached_prefix(request)
+            num_computed = (request.num_computed_tokens if forked
+                            else len(cached) * self.blocks.block_size)
             num_new = min(request.num_tokens - num_computed, budget)
             request.num_computed_tokens = num_computed
             if not self.blocks.allocate(request, num_new, cached):
-                request.num_computed_tokens = 0
+                request.num_computed_tokens = num_computed if forked else 0
                 break
             if request.num_preemptions == 0:
                 request.num_cached_tokens = num_computed
@@ -122,10 +141,14 @@ class StepScheduler:
         order; `request.finish_reason` tells which of them finished."""
         booked = []
         for request, num_new, token in zip(batch.requests, batch.num_new_tokens, sampled):
+            self.num_prefill_tokens += max(0, min(num_new, request.num_prompt_tokens
+                                                  - request.num_computed_tokens))
             request.num_computed_tokens += num_new
             self.blocks.cache_full_blocks(request)
             if token is None:
                 continue
+            if request.num_output_tokens == 0:  # its prompt is computed: fork its samples
+                self._fork(request, self.forks.take(request))
             request.all_token_ids.append(token)
             reason = self._check_stop(request, token)
             if reason is not None:
@@ -147,8 +170,11 @@ class StepScheduler:
         """Remove a request (finished or aborted) wherever it is and free its blocks."""
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
-        elif request.status is RequestStatus.WAITING:
+        elif request.status is RequestStatus.WAITING and not self.forks.discard(request):
             self.waiting.remove(request)
+        heir = self.forks.orphan(request)
+        if heir is not None:  # it ended before its first token: its samples go on
+            self.waiting.appendleft(heir)
         self.blocks.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason

@@ -109,7 +109,7 @@ def test_sampler_greedy_batch_fast_path():
     sampler = Sampler()
     reqs = [Request(f"r{i}", [1], SamplingParams(temperature=0.0)) for i in range(3)]
     logits = torch.randn(3, 50)
-    assert sampler.sample(logits, reqs) == logits.argmax(-1).tolist()
+    assert sampler.sample(logits, reqs) == (logits.argmax(-1).tolist(), [None] * 3)
 
 
 def test_batched_filters_match_each_row_alone():
@@ -128,7 +128,7 @@ def test_exponential_race_draws_follow_the_distribution():
     sampler = Sampler()
     logits = torch.log(torch.tensor([[0.6, 0.3, 0.1]])).repeat(3000, 1)
     reqs = [Request(f"r{i}", [1], SamplingParams(temperature=1.0, seed=i)) for i in range(3000)]
-    counts = torch.bincount(torch.tensor(sampler.sample(logits, reqs)), minlength=3) / 3000
+    counts = torch.bincount(torch.tensor(sampler.sample(logits, reqs)[0]), minlength=3) / 3000
     assert torch.allclose(counts, torch.tensor([0.6, 0.3, 0.1]), atol=0.04)
 
 
