@@ -99,8 +99,12 @@ class AsyncEngine:
         """The snapshot taken after the latest step (cheap; safe from the event loop)."""
         return self._stats
 
-    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
-        return self.core.encode_chat(messages)
+    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
+        return self.core.encode_chat(messages, tools)
+
+    @property
+    def chat_template_supports_tools(self) -> bool:
+        return self.core.chat_template_supports_tools
 
     def encode(self, text: str) -> list[int]:
         return self.core.encode(text)

@@ -56,9 +56,15 @@ class EngineCore:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
-    def encode_chat(self, messages) -> list[int]:
-        """The tokenizer's chat template with the assistant's generation prompt."""
-        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False,
+    @property
+    def chat_template_supports_tools(self) -> bool:
+        """Whether the chat template renders `tools` (a template without them ignores them)."""
+        return "tools" in (self.tokenizer.chat_template or "")
+
+    def encode_chat(self, messages, tools: list[dict] | None = None) -> list[int]:
+        """The tokenizer's chat template with the assistant's generation prompt (and the
+        tools, rendered by the template, when given)."""
+        text = self.tokenizer.apply_chat_template(list(messages), tools=tools, tokenize=False,
                                                   add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 

@@ -29,6 +29,7 @@ class GatewayConfig:
     max_pending_frames: int = 1024  # control frames queued for a socket that is not reading
     max_tokens_cap: int = 4096  # largest max_tokens a request may ask for
     default_max_tokens: int = 256  # when a request names none
+    max_choices: int = 16  # choices of one HTTP completion: prompts x n
     drain_timeout_s: float = 30.0  # in-flight turns get this long to finish on shutdown
     drain_grace_s: float = 1.0  # then cut streams end and sockets close within this
     reconnect_after_ms: int = 2000  # sent with `draining`
@@ -40,7 +41,7 @@ class GatewayConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigError("port", "must be in [0, 65535]")
         for name in ("max_message_bytes", "max_inflight_per_socket", "max_pending_frames",
-                     "max_tokens_cap", "default_max_tokens", "reconnect_after_ms"):
+                     "max_tokens_cap", "default_max_tokens", "reconnect_after_ms", "max_choices"):
             _positive(name, getattr(self, name))
         for name in ("heartbeat_s", "send_timeout_s", "drain_timeout_s", "drain_grace_s"):
             if not getattr(self, name) > 0:

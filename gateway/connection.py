@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -17,6 +18,7 @@ from aiohttp import WSMsgType, web
 
 from engine.errors import EngineError
 from gateway import protocol as p
+from gateway.logprobs_format import token_strings, ws_entries
 from gateway.outbox import CLOSE_SLOW_CONSUMER, Outbox, OutboxFull, run_writer
 from gateway.params import build_params
 from gateway.sessions import LiveSession
@@ -184,7 +186,7 @@ class Connection:
         self._check_new(msg.id)
         params = build_params(self.rt.config, msg.params, request_id=msg.id)
         if msg.messages is not None:
-            prompt = [{"role": m.role, "content": m.content} for m in msg.messages]
+            prompt = [p.message_dict(i, m.role, m.content) for i, m in enumerate(msg.messages)]
         else:
             prompt = msg.prompt
         stream = self._start(msg.id, "generate")
@@ -310,6 +312,9 @@ class Connection:
                                               params.priority, len(prompt),
                                               self.session.record.owner)
             stream.admitted = time.perf_counter()
+            if params.logprobs is not None:
+                stream.logprob_entries = functools.partial(
+                    ws_entries, text=token_strings(self.rt.engine.tokenizer))
             generator = self.rt.engine.generate(prompt, params, stream.engine_id)
             async with contextlib.aclosing(generator) as outputs:
                 async for out in outputs:

@@ -33,6 +33,7 @@ class WireParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     seed: int | None = None
     ignore_eos: bool | None = None
     priority: int | None = None
+    logprobs: int | None = None  # top alternatives per token (0..max_logprobs); None: off
 
 
 PARAM_FIELDS = WireParams.__struct_fields__

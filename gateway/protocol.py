@@ -47,9 +47,16 @@ class Chat(_Msg):
     params: dict[str, Any] | None = None
 
 
+class ContentPart(msgspec.Struct):
+    """One part of a message's content; only `text` parts are served."""
+
+    type: str
+    text: str = ""
+
+
 class Message(msgspec.Struct, forbid_unknown_fields=True):
     role: str
-    content: str
+    content: str | list[ContentPart]
 
 
 class Generate(_Msg):
@@ -80,7 +87,27 @@ SCHEMAS: dict[str, type[_Msg]] = {
     "chat": Chat, "generate": Generate, "cancel": Cancel, "session.update": SessionUpdate,
     "session.history": Bare, "session.reset": Bare, "ping": Ping,
 }
-ROLES = frozenset({"system", "user", "assistant"})
+ROLES = frozenset({"system", "developer", "user", "assistant"})  # developer = system
+
+
+def message_dict(index: int, role: str, content, roles=ROLES) -> dict:
+    """A chat message as the chat template takes it: `developer` is a system message,
+    content parts are joined. Raises ProtocolError naming the field."""
+    if role not in roles:
+        raise ProtocolError("invalid_request",
+                            f"messages[{index}].role: must be one of {sorted(roles)}")
+    return {"role": "system" if role == "developer" else role,
+            "content": content_text(index, content)}
+
+
+def content_text(index: int, content: str | list[ContentPart] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    for j, part in enumerate(content):
+        if part.type != "text":
+            raise ProtocolError("invalid_request", f"messages[{index}].content[{j}].type: "
+                                f"only text parts are supported, not {part.type[:32]!r}")
+    return "".join(part.text for part in content)
 
 
 class Codec:
@@ -152,8 +179,10 @@ def _check(msg: _Msg) -> None:
             if not msg.messages:
                 raise ProtocolError("invalid_request", "messages: must not be empty", request_id)
             for i, m in enumerate(msg.messages):
-                if m.role not in ROLES:
-                    raise ProtocolError("invalid_request", f"messages[{i}].role: must be one "
-                                        f"of {sorted(ROLES)}", request_id)
+                try:
+                    message_dict(i, m.role, m.content)
+                except ProtocolError as exc:
+                    exc.request_id = request_id
+                    raise
         elif not msg.prompt:
             raise ProtocolError("invalid_request", "prompt: must not be empty", request_id)

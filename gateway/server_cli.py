@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="largest max_tokens a request may ask for")
     g.add_argument("--default-max-tokens", type=int, default=D.default_max_tokens,
                    help="max_tokens of a request that names none")
+    g.add_argument("--max-choices", type=int, default=D.max_choices,
+                   help="choices one HTTP completion may ask for: prompts times n "
+                        "(default %(default)s)")
     g.add_argument("--drain-timeout", type=float, default=D.drain_timeout_s,
                    help="seconds in-flight turns get to finish on SIGTERM")
     g.add_argument("--drain-grace", type=float, default=D.drain_grace_s,
@@ -93,7 +96,8 @@ def gateway_config(args: argparse.Namespace, environ: dict) -> GatewayConfig:
         heartbeat_s=args.heartbeat, receive_timeout_s=args.receive_timeout,
         send_timeout_s=args.send_timeout, max_inflight_per_socket=args.max_inflight,
         max_pending_frames=args.max_pending_frames, max_tokens_cap=args.max_tokens_cap,
-        default_max_tokens=args.default_max_tokens, drain_timeout_s=args.drain_timeout,
+        default_max_tokens=args.default_max_tokens, max_choices=args.max_choices,
+        drain_timeout_s=args.drain_timeout,
         drain_grace_s=args.drain_grace,
         reconnect_after_ms=args.reconnect_after, api_keys=tuple(_api_keys(args, environ)),
         allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()))

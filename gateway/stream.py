@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from engine.outputs import RequestOutput
 from scheduler.mailbox import Mailbox
@@ -28,7 +29,7 @@ class Stream:
     __slots__ = ("id", "engine_id", "kind", "received", "admitted", "first_written",
                  "last_written", "mailbox", "queued", "text_parts",
                  "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason",
-                 "error", "cancel_requested", "task")
+                 "error", "cancel_requested", "task", "logprob_entries")
 
     def __init__(self, request_id: str, engine_id: str, kind: str):
         self.id = request_id
@@ -48,6 +49,8 @@ class Stream:
         self.error: str | None = None
         self.cancel_requested = False  # the client (or a drain) asked to end it
         self.task: asyncio.Task | None = None
+        # shapes the engine's logprobs for a delta frame; None: the request did not ask
+        self.logprob_entries: Callable[[list], list[dict]] | None = None
 
     @property
     def text(self) -> str:
@@ -56,7 +59,7 @@ class Stream:
     def absorb(self, out: RequestOutput) -> int:
         """Fold an engine output in; returns how many new tokens it carried."""
         n = len(out.new_token_ids)
-        self.mailbox.put_delta(out.delta_text, n)
+        self.mailbox.put_delta(out.delta_text, n, out.logprobs)
         if out.delta_text:
             self.text_parts.append(out.delta_text)
         self.prompt_tokens = out.num_prompt_tokens or self.prompt_tokens
@@ -74,7 +77,10 @@ class Stream:
         delta = self.mailbox.take_delta()
         if delta is None:
             return None
-        return {"type": "delta", "id": self.id, "text": delta[0], "n": delta[1]}
+        frame = {"type": "delta", "id": self.id, "text": delta[0], "n": delta[1]}
+        if self.logprob_entries is not None:
+            frame["logprobs"] = self.logprob_entries(delta[2] or [])
+        return frame
 
     def written(self, now: float) -> float | None:
         """Record a delta frame written; returns the gap since the previous one."""

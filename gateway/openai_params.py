@@ -1,0 +1,73 @@
+"""What tokenwire does with each OpenAI chat/completions parameter: honoured, accepted with
+no effect on the output, or refused with a 400 naming it. Never accepted and ignored when
+it would change the output. docs/http-api.md holds the same table for readers."""
+from __future__ import annotations
+
+from gateway.openai_request import ChatRequest, CommonRequest, CompletionRequest, bad_request
+
+# Fields that cannot change what is generated: accepted whatever their value.
+NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier",
+                       "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+                       "prediction"})
+
+
+def _set(value) -> bool:
+    return value not in (None, {}, [], "")
+
+
+# field -> (is the given value refused?, why): what the engine cannot do.
+_COMMON_REFUSED = {
+    "logit_bias": (_set, "logit bias is not supported"),
+    "response_format": (lambda v: _set(v) and v != {"type": "text"},
+                        "only {\"type\": \"text\"} is supported"),
+}
+_CHAT_REFUSED = {
+    "audio": (_set, "audio output is not supported"),
+    "modalities": (lambda v: _set(v) and v != ["text"], "only [\"text\"] is supported"),
+    "functions": (_set, "the deprecated functions are not supported; use tools"),
+    "function_call": (_set, "the deprecated function_call is not supported; use tool_choice"),
+    "reasoning_effort": (_set, "the models served here do not reason"),
+    "verbosity": (_set, "not supported"),
+    "web_search_options": (_set, "web search is not supported"),
+    "moderation": (_set, "moderation is not supported"),
+    "parallel_tool_calls": (lambda v: v is False, "tool calls are not parsed, so they "
+                            "cannot be limited to one"),
+}
+_COMPLETION_REFUSED = {
+    "suffix": (_set, "insertion (suffix) is not supported"),
+}
+
+
+def check(req: CommonRequest, max_choices: int) -> None:
+    """Raise a 400 naming the first parameter this request sets that is refused."""
+    refused = dict(_COMMON_REFUSED)
+    refused.update(_CHAT_REFUSED if isinstance(req, ChatRequest) else _COMPLETION_REFUSED)
+    for name, (is_refused, why) in refused.items():
+        if is_refused(getattr(req, name)):
+            raise bad_request(f"{name}: {why}", name)
+    if not 1 <= req.n <= max_choices:
+        raise bad_request(f"n: must be in [1, {max_choices}]", "n")
+    if isinstance(req, CompletionRequest):
+        _check_completion(req)
+
+
+def _check_completion(req: CompletionRequest) -> None:
+    if req.best_of not in (None, req.n):
+        raise bad_request("best_of: only best_of equal to n is supported (every sample is "
+                          "returned)", "best_of")
+    if req.echo and req.logprobs is not None:
+        raise bad_request("echo: echo with logprobs needs the prompt's log-probabilities, "
+                          "which are not computed", "echo")
+
+
+def chat_tools(req: ChatRequest, supports_tools: bool) -> list[dict] | None:
+    """The tools to render into the prompt (None: none). `tool_choice` "none" shows the
+    model no tools; "required" or a named function would need constrained decoding."""
+    choice = req.tool_choice
+    if choice not in (None, "none", "auto"):
+        raise bad_request("tool_choice: only \"auto\" and \"none\" are supported", "tool_choice")
+    if not req.tools or choice == "none":
+        return None
+    if not supports_tools:
+        raise bad_request("tools: the model's chat template does not support tools", "tools")
+    return req.tools
