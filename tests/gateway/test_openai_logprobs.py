@@ -1,0 +1,98 @@
+"""Log-probabilities over HTTP (the official openai SDK, stream and not) and /v1/ws: the
+model's own numbers (checked against Hugging Face's forward pass), sorted alternatives that
+hold the chosen token when it is among them, the same numbers on every surface."""
+from __future__ import annotations
+
+import aiohttp
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine.loader import default_model_dir
+from ws_helpers import open_ws, recv_until
+
+CHAT = [{"role": "user", "content": "Name a fruit."}]
+PROMPT_IDS = [504, 3575, 282, 4649, 314]  # "The capital of France is"
+GREEDY = {"temperature": 0, "max_tokens": 8, "model": "m"}
+
+
+@pytest.fixture
+def client(base_url):
+    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def _assert_sorted_with_chosen(token: str, logprob: float, top: list[tuple[str, float]],
+                               k: int) -> None:
+    values = [lp for _, lp in top]
+    assert len(top) == k and values == sorted(values, reverse=True)
+    if logprob >= values[-1]:  # among the top ones: listed with its own value
+        assert (token, pytest.approx(logprob)) in [(t, pytest.approx(v)) for t, v in top]
+
+
+async def test_chat_logprobs_whole_and_streamed(client):
+    whole = await client.chat.completions.create(messages=CHAT, logprobs=True,
+                                                 top_logprobs=3, **GREEDY)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    for entry in content:
+        assert entry.bytes == list(entry.token.encode())
+        _assert_sorted_with_chosen(entry.token, entry.logprob,
+                                   [(t.token, t.logprob) for t in entry.top_logprobs], 3)
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the most likely
+    streamed = []
+    async for chunk in await client.chat.completions.create(
+            messages=CHAT, logprobs=True, top_logprobs=3, stream=True, **GREEDY):
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed += chunk.choices[0].logprobs.content
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content],
+                                                          abs=1e-5)
+
+
+async def test_completion_logprobs_legacy_shape(client):
+    whole = await client.completions.create(prompt=PROMPT_IDS, logprobs=2, **GREEDY)
+    lp = whole.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 8
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        _assert_sorted_with_chosen(token, logprob, list(top.items()), 2)
+    streamed = []
+    async for chunk in await client.completions.create(prompt=PROMPT_IDS, logprobs=2,
+                                                       stream=True, **GREEDY):
+        if chunk.choices[0].logprobs:
+            streamed += chunk.choices[0].logprobs.token_logprobs
+    assert streamed == pytest.approx(lp.token_logprobs, abs=1e-5)
+
+
+async def test_ws_logprobs_are_the_models_own(base_url, client):
+    async with aiohttp.ClientSession() as s:
+        ws, _ = await open_ws(s, base_url)
+        await ws.send_json({"type": "generate", "id": "g", "prompt": PROMPT_IDS,
+                            "params": {"temperature": 0, "max_tokens": 8, "logprobs": 4}})
+        frames, done = await recv_until(ws, "g")
+        await ws.close()
+    deltas = [f for f in frames if f["type"] == "delta"]
+    entries = [e for f in deltas for e in f["logprobs"]]
+    assert all(len(f["logprobs"]) == f["n"] for f in deltas)  # one entry per token
+    assert len(entries) == done["usage"]["completion_tokens"] == 8
+    model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32)
+    with torch.inference_mode():
+        ids = torch.tensor([PROMPT_IDS + [e["token_id"] for e in entries]])
+        ref = model(ids).logits[0].double().log_softmax(-1)[len(PROMPT_IDS) - 1:-1]
+    for row, entry in zip(ref, entries):
+        assert entry["logprob"] == pytest.approx(row[entry["token_id"]].item(), abs=1e-4)
+        assert [t["token_id"] for t in entry["top"]] == row.topk(4).indices.tolist()
+    http = await client.completions.create(prompt=PROMPT_IDS, logprobs=0, **GREEDY)
+    assert http.choices[0].logprobs.token_logprobs == pytest.approx(
+        [e["logprob"] for e in entries], abs=1e-5)  # the same numbers on both surfaces
+
+
+async def test_logprobs_limits_name_the_field(client):
+    for kwargs, param in [({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                          ({"top_logprobs": 2}, "top_logprobs")]:
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.chat.completions.create(messages=CHAT, **kwargs, **GREEDY)
+        assert info.value.body["param"] == param
+    plain = await client.chat.completions.create(messages=CHAT, **GREEDY)
+    assert plain.choices[0].logprobs is None
