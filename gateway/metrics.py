@@ -98,6 +98,10 @@ class _EngineCollector:
                        s.prefix_cache_queries)
         yield _counter("prefix_cache_hits", "Prompt tokens found in the prefix cache",
                        s.prefix_cache_hits)
+        yield _counter("prefill_tokens", "Prompt tokens computed (cache hits and n>1 forks "
+                       "compute none)", s.prefill_tokens)
+        yield _counter("fork_shared_tokens", "Prompt tokens n>1 samples shared with their "
+                       "first sample instead of computing", s.fork_shared_tokens)
         yield _counter("preemptions", "Requests preempted for KV blocks", s.num_preemptions)
 
 

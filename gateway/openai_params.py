@@ -15,6 +15,10 @@ def _set(value) -> bool:
     return value not in (None, {}, [], "")
 
 
+def _given(value) -> bool:  # where even an empty object asks for something
+    return value is not None
+
+
 # field -> (is the given value refused?, why): what the engine cannot do.
 _COMMON_REFUSED = {
     "logit_bias": (_set, "logit bias is not supported"),
@@ -22,14 +26,14 @@ _COMMON_REFUSED = {
                         "only {\"type\": \"text\"} is supported"),
 }
 _CHAT_REFUSED = {
-    "audio": (_set, "audio output is not supported"),
+    "audio": (_given, "audio output is not supported"),
     "modalities": (lambda v: _set(v) and v != ["text"], "only [\"text\"] is supported"),
     "functions": (_set, "the deprecated functions are not supported; use tools"),
     "function_call": (_set, "the deprecated function_call is not supported; use tool_choice"),
-    "reasoning_effort": (_set, "the models served here do not reason"),
-    "verbosity": (_set, "not supported"),
-    "web_search_options": (_set, "web search is not supported"),
-    "moderation": (_set, "moderation is not supported"),
+    "reasoning_effort": (_given, "the models served here do not reason"),
+    "verbosity": (_given, "not supported"),
+    "web_search_options": (_given, "web search is not supported"),
+    "moderation": (_given, "moderation is not supported"),
     "parallel_tool_calls": (lambda v: v is False, "tool calls are not parsed, so they "
                             "cannot be limited to one"),
 }
