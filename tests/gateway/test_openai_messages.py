@@ -19,15 +19,17 @@ def client(base_url):
     return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
 
 
-async def _chat(client, messages, stream: bool) -> str:
+async def _chat(client, messages, stream: bool) -> tuple[str, int]:
+    """The reply's text and its prompt's token count."""
     if not stream:
         resp = await client.chat.completions.create(messages=messages, **GREEDY)
-        return resp.choices[0].message.content
-    text = ""
-    async for chunk in await client.chat.completions.create(messages=messages, stream=True,
-                                                            **GREEDY):
+        return resp.choices[0].message.content, resp.usage.prompt_tokens
+    text, usage = "", None
+    async for chunk in await client.chat.completions.create(
+            messages=messages, stream=True, stream_options={"include_usage": True}, **GREEDY):
         text += chunk.choices[0].delta.content or "" if chunk.choices else ""
-    return text
+        usage = chunk.usage or usage
+    return text, usage.prompt_tokens
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -39,7 +41,8 @@ async def test_developer_role_and_text_parts_are_the_system_message(client, stre
                                                                     "text": SYSTEM}]},
                                  {"role": "user", "content": parts}], stream)
     default_system = await _chat(client, [{"role": "user", "content": QUESTION}], stream)
-    assert newer == plain and plain != default_system  # the developer text was used
+    assert newer == plain  # the same prompt, token for token, so the same reply
+    assert plain[1] != default_system[1]  # and the developer text was used
 
 
 async def test_ws_generate_messages_take_developer_and_parts(base_url, client):
@@ -56,8 +59,9 @@ async def test_ws_generate_messages_take_developer_and_parts(base_url, client):
         await ws.close()
     assert done["type"] == "done"
     text = "".join(f["text"] for f in frames if f["type"] == "delta")
-    assert text == await _chat(client, [{"role": "system", "content": SYSTEM},
-                                        {"role": "user", "content": QUESTION}], False)
+    http = await _chat(client, [{"role": "system", "content": SYSTEM},
+                                {"role": "user", "content": QUESTION}], False)
+    assert (text, done["usage"]["prompt_tokens"]) == http
     assert refused["code"] == "invalid_request"
     assert refused["message"].startswith("messages[0].content[0].type")
 
