@@ -115,6 +115,9 @@ class StepScheduler:
             request.num_computed_tokens = num_computed
             if not self.blocks.allocate(request, num_new, cached):
                 request.num_computed_tokens = num_computed if forked else 0
+                if forked and not self.running:  # nothing will free blocks: let go of
+                    self.blocks.free(request)  # the shared ones, recompute as a prompt
+                    request.num_computed_tokens = 0
                 break
             if request.num_preemptions == 0:
                 request.num_cached_tokens = num_computed

@@ -122,3 +122,33 @@ def test_prefix_cache_counters_book_each_request_once():
     for r in list(sched.running):
         sched.finish(r, "length")
     assert bm.num_free_blocks == 5
+
+
+def test_forked_samples_share_the_parents_full_prompt_blocks():
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    sched = StepScheduler(bm, max_num_seqs=4, token_budget=64)
+    parent, child = make(range(10), "p"), make(range(10), "c")
+    sched.add(parent)
+    sched.add(child, parent)  # waits: the parent's prompt is not computed yet
+    batch = sched.schedule()
+    assert batch.requests == [parent]
+    sched.update_from_output(batch, [7])  # the prompt is computed: the child forks
+    assert child.block_ids == parent.block_ids[:2] and child.num_computed_tokens == 8
+    assert [bm.blocks[b].ref_count for b in parent.block_ids] == [2, 2, 1]
+    assert sched.schedule().num_new_tokens == [1, 2]  # parent decodes; child: 2 prompt tokens
+    sched.finish(parent, "stop")
+    assert bm.num_free_blocks == 8 - 3  # the child's two shared blocks and its own third
+    sched.finish(child, "stop")
+    assert bm.num_free_blocks == 8
+
+
+def test_an_aborted_waiting_sample_leaves_no_trace():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    sched = StepScheduler(bm, max_num_seqs=4, token_budget=64)
+    parent, child = make(range(10), "p"), make(range(10), "c")
+    sched.add(parent)
+    sched.add(child, parent)
+    sched.finish(child, "cancelled")
+    assert len(sched.forks) == 0
+    sched.finish(parent, "cancelled")
+    assert not sched.has_work() and bm.num_free_blocks == 8
