@@ -4,7 +4,9 @@ streamed choices told apart by `index`."""
 from __future__ import annotations
 
 import random
+import re
 
+import aiohttp
 import openai
 import pytest
 
@@ -39,6 +41,11 @@ async def test_n4_shares_one_prefill_and_reproduces(server, client):
     again = await client.completions.create(**body)
     assert [c.text for c in again.choices] == [c.text for c in first.choices]
     assert server.all_blocks_free()
+    async with aiohttp.ClientSession() as s:
+        async with s.get(str(client.base_url).removesuffix("v1/") + "metrics") as r:
+            scraped = await r.text()
+    shown = re.search(r"^tokenwire_fork_shared_tokens_total (\S+)$", scraped, re.M)
+    assert float(shown.group(1)) >= 6 * shared  # both runs forked, as /metrics shows
 
 
 async def test_streamed_choices_carry_their_index(client):
