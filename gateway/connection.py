@@ -316,7 +316,8 @@ class Connection:
                 return
             ticket = await self.rt.gate.admit(stream.id, self, stream.kind,
                                               params.priority, len(prompt),
-                                              self.session.record.owner)
+                                              self.session.record.owner,
+                                              received=stream.received)
             stream.admitted = time.perf_counter()
             generator = self.rt.engine.generate(prompt, params, stream.engine_id)
             async with contextlib.aclosing(generator) as outputs:
