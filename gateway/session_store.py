@@ -124,7 +124,8 @@ class SessionStoreConfig:
     max_connections: int = 64  # Redis connections per process; more callers wait
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(SCHEMES) or self.url.rstrip("/") in ("sqlite:", "redis:"):
+        bare = self.url.rstrip("/") in ("sqlite:", "redis:", "rediss:")  # no path or host
+        if not self.url.startswith(SCHEMES) or bare:
             raise ConfigError("url", f"must be memory:, sqlite:///PATH or "
                               f"redis://HOST:PORT/DB, got {self.url!r}")
         if self.ttl_s <= 0:
