@@ -127,7 +127,7 @@ async def _outage(http, server, redis, clients, gen_ends, redis_down, outage) ->
     return seen
 
 
-async def test_redis_outage_mid_load(spawn, tmp_path):
+async def test_redis_outage_mid_load(spawn, tmp_path, figures):
     redis = RedisServer(tmp_path / "redis", persist=True).start()
     server = spawn("--session-store", redis.url, "--session-store-timeout",
                    str(STORE_TIMEOUT_S), "--session-store-retry-after", str(RETRY_AFTER_MS),
@@ -158,9 +158,11 @@ async def test_redis_outage_mid_load(spawn, tmp_path):
         redis.stop()
     refusals = [f for c in clients for f in c.refusals]
     during = sum(down for down, _ in gen_ends)
-    print(f"\nRedis stopped mid-load: {len(refusals)} store_unavailable answers to "
-          f"{CHATS} sessions, {during} generates served during the outage, "
-          f"{len(gen_ends)} in all; every session has its {TURNS} turns after recovery")
+    kept = sum(len(r.messages) // 2 for r in stored if r is not None)
+    figures(f"Redis stopped mid-load ({CHATS} sessions x {TURNS} turns, generates)",
+            tried=CHATS * TURNS, survived=kept, lost=CHATS * TURNS - kept,
+            notes=f"{len(refusals)} store_unavailable answers while down; {during} of "
+                  f"{len(gen_ends)} generates served during the outage; no restart")
     assert {f["code"] for f in refusals} == {"store_unavailable"}, refusals
     assert all(f["retry_after_ms"] == RETRY_AFTER_MS for f in refusals)
     assert all(frame["type"] == "done" for _, frame in gen_ends), gen_ends
