@@ -138,7 +138,8 @@ async def _complete(request: web.Request, rt: Runtime, req: CommonRequest,
                     f"http-{next(_ids)}", "http")
     try:
         ticket = await rt.gate.admit(stream.id, None, "http", params.priority,
-                                     sum(map(len, prompts)), request[_OWNER])
+                                     sum(map(len, prompts)), request[_OWNER],
+                                     received=stream.received)
     except ProtocolError as exc:
         raise _refusal(exc) from None
     stream.admitted = time.perf_counter()

@@ -110,10 +110,11 @@ def render_report(rows: dict[str, dict], outcomes: dict[str, str]) -> str:
 @pytest.fixture(scope="session")
 def shared_server(tmp_path_factory):
     """One server without auth for the scenarios that leave it healthy (storm, fuzz).
-    A long TTFT bound: the storm's requests queue instead of being refused as overloaded,
-    so its clients drop while their requests run or wait for a slot."""
+    A long TTFT bound and a prior drain rate: the storm's requests queue (from the first
+    one, before any rate is measured) instead of being refused as overloaded, so its
+    clients drop while their requests run or wait for a slot."""
     log_path = tmp_path_factory.mktemp("server") / "shared.log"
     server = ServerProcess(log_path, "--max-message-bytes", "65536", "--max-tokens-cap", "256",
-                           "--ttft-bound-s", "600")
+                           "--ttft-bound-s", "600", "--initial-drain-rps", "1")
     yield server.start()
     server.stop()
