@@ -8,6 +8,7 @@ from gateway.auth import authenticate, check_origin, error_response
 from gateway.connection import Connection
 from gateway.state import RUNTIME, Runtime
 
+SESSION_HEADER = "X-Tokenwire-Session"
 JSON_SUBPROTOCOL = p.PROTOCOL  # "tokenwire.v1": lets a browser that offers bearer.KEY
 # also offer a protocol we can echo without echoing its key.
 
@@ -43,6 +44,9 @@ async def ws_handler(request: web.Request) -> web.WebSocketResponse:
                                max_msg_size=config.max_message_bytes + 1,
                                protocols=(chosen,) if chosen else ())
     live, resumed = await rt.sessions.attach(request.query.get("session_id"), owner)
+    # The 101 names the session, so a load balancer can learn which replica holds it
+    # (deploy/haproxy: a stick table) before the client reconnects with ?session_id=.
+    ws.headers[SESSION_HEADER] = live.id
     conn = None
     try:
         await ws.prepare(request)
