@@ -6,6 +6,7 @@ its settings from this object.
 from __future__ import annotations
 
 import hashlib
+import socket
 from dataclasses import dataclass, field
 
 from engine.errors import ConfigError
@@ -34,6 +35,7 @@ class GatewayConfig:
     reconnect_after_ms: int = 2000  # sent with `draining`
     api_keys: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
+    instance_id: str = ""  # `hello.instance`: which replica answered; "": hostname:port
     key_hashes: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -51,6 +53,10 @@ class GatewayConfig:
             raise ConfigError("default_max_tokens", "must not exceed max_tokens_cap")
         if any(not key or any(c.isspace() for c in key) for key in self.api_keys):
             raise ConfigError("api_keys", "keys must be non-empty and contain no whitespace")
+        if any(c.isspace() for c in self.instance_id) or len(self.instance_id) > 128:
+            raise ConfigError("instance_id", "must be at most 128 characters, no whitespace")
+        if not self.instance_id:
+            object.__setattr__(self, "instance_id", f"{socket.gethostname()}:{self.port}")
         # Compare and store hashes only: a session's owner is the hash of its key.
         object.__setattr__(self, "key_hashes", frozenset(map(key_hash, self.api_keys)))
 

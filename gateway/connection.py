@@ -137,6 +137,7 @@ class Connection:
         engine = self.rt.engine
         return {"type": "hello", "protocol": p.PROTOCOL, "session_id": self.session.id,
                 "resumed": self.resumed, "model": engine.model_name,
+                "instance": self.rt.config.instance_id,
                 "limits": self.rt.config.limits(engine.max_model_len)}
 
     # -- client messages -----------------------------------------------------------------
@@ -250,16 +251,23 @@ class Connection:
     async def _save(self, reply: dict | None = None, request_id: str | None = None) -> bool:
         error = await self.rt.sessions.save(self.session)
         if error is not None:
-            self.outbox.put(p.ProtocolError(error.code, str(error), request_id).frame())
+            retry_ms = getattr(error, "retry_after_ms", None)
+            self.outbox.put(p.ProtocolError(error.code, str(error), request_id, retry_ms).frame())
         elif reply is not None:
             self.outbox.put(reply)
         return error is None
 
     # -- request tasks -------------------------------------------------------------------
     async def _run_chat(self, stream: Stream, params) -> None:
-        """A chat turn. A finished turn is saved before its `done` goes out, so a client
-        that saw `done` finds the turn again even after a hard kill of the server."""
-        ended = False
+        """A chat turn. The accepted user turn is saved before the prompt is rendered, and
+        the finished turn before its `done` goes out, so a client that saw `done` finds
+        the turn again even after a hard kill of the server."""
+        started = ended = False
+
+        async def render(_stream: Stream, max_tokens: int) -> list[int] | None:
+            nonlocal started
+            started = await self._save(request_id=stream.id)
+            return self._chat_prompt(max_tokens) if started else None
 
         async def end_turn(_stream: Stream) -> None:
             nonlocal ended
@@ -268,16 +276,16 @@ class Connection:
             await asyncio.shield(self._save(request_id=stream.id))
 
         try:
-            await self._run(stream, self._chat_prompt, params, before_done=end_turn)
+            await self._run(stream, render, params, before_done=end_turn)
         finally:
-            if not ended:  # cancelled, failed or refused: close the turn all the same
+            if started and not ended:  # cancelled, failed or refused: close it all the same
                 await end_turn(stream)
+            elif not started:  # its save was refused (and answered): nothing to undo
+                self.session.end_turn("")
 
-    async def _chat_prompt(self, stream: Stream, max_tokens: int) -> list[int] | None:
-        """Save the accepted user turn, then render the session's chat, oldest turns
-        dropped until it leaves room for the reply."""
-        if not await self._save(request_id=stream.id):
-            return None
+    def _chat_prompt(self, max_tokens: int) -> list[int]:
+        """The session's chat rendered, oldest turns dropped until it leaves room for the
+        reply."""
         engine = self.rt.engine
         messages = self.session.chat_messages()
         first = 1 if self.session.record.system else 0
@@ -308,7 +316,8 @@ class Connection:
                 return
             ticket = await self.rt.gate.admit(stream.id, self, stream.kind,
                                               params.priority, len(prompt),
-                                              self.session.record.owner)
+                                              self.session.record.owner,
+                                              received=stream.received)
             stream.admitted = time.perf_counter()
             generator = self.rt.engine.generate(prompt, params, stream.engine_id)
             async with contextlib.aclosing(generator) as outputs:

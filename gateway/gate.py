@@ -10,6 +10,7 @@ admission queue counted as waiting in /metrics.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 from engine.outputs import EngineStats
@@ -48,21 +49,22 @@ class Gate:
 
     async def admit(self, request_id: str | None, socket: object | None,
                     kind: str, priority: int = 0, prompt_tokens: int = 0,
-                    api_key: str | None = None) -> Ticket:
+                    api_key: str | None = None, *, received: float) -> Ticket:
         """Admit one request, waiting for an engine slot if queued, or raise ProtocolError
         (rate_limited / overloaded with retry_after_ms / invalid_request). `socket`
-        identifies the request's socket to the per-socket limit (None: HTTP)."""
+        identifies the request's socket to the per-socket limit (None: HTTP); `received`
+        (perf_counter) is when its request arrived, for the refusal-time histogram."""
         try:
             ticket = self.controller.try_admit(_KINDS[kind], priority, prompt_tokens,
                                                socket, api_key)
         except InvalidAdmission as exc:
             raise ProtocolError(exc.code, f"params.{exc}", request_id) from None
         except Rejected as exc:
-            raise self._refusal(exc, request_id) from None
+            raise self._refusal(exc, request_id, received) from None
         try:
             await ticket.wait()
         except Rejected as exc:
-            raise self._refusal(exc, request_id) from None
+            raise self._refusal(exc, request_id, received) from None
         except BaseException:
             ticket.release()  # cancelled while queued: give the place back
             raise
@@ -72,8 +74,9 @@ class Gate:
         """Refuse every request still waiting for an engine slot (the drain's deadline)."""
         self.controller.refuse_queued(code, retry_after_ms, message)
 
-    def _refusal(self, exc: Rejected, request_id: str | None) -> ProtocolError:
+    def _refusal(self, exc: Rejected, request_id: str | None, received: float) -> ProtocolError:
         self._metrics.rejections.labels(exc.code).inc()
+        self._metrics.refusal_time.observe(time.perf_counter() - received)
         return ProtocolError(exc.code, str(exc), request_id, retry_after_ms=exc.retry_after_ms)
 
     def stats(self) -> EngineStats | None:

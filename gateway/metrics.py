@@ -19,6 +19,8 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.
                     1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
                 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+# A refusal at the door takes microseconds of policy; what it waits for is the event loop.
+_REFUSAL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 # (util 0..1, memory bytes) of the GPU, or None where there is none (the scheduler's
 # NVML sampler plugs in here; it samples off the event loop).
@@ -48,6 +50,9 @@ class Metrics:
                                      registry=r)
         self.rejections = Counter(P + "admission_rejections", "Requests refused at "
                                   "admission", ["reason"], registry=r)
+        self.refusal_time = Histogram(P + "admission_refusal_seconds", "Request received to "
+                                      "its refusal by admission (at the door or from the "
+                                      "queue)", buckets=_REFUSAL_BUCKETS, registry=r)
         self.requests = Counter(P + "requests", "Finished requests", ["finish_reason"],
                                 registry=r)
         r.register(_EngineCollector(engine_stats, gpu_sampler))

@@ -106,7 +106,7 @@ async def _complete(request: web.Request, rt: Runtime, req: CommonRequest, promp
                     f"http-{next(_ids)}", "http")
     try:
         ticket = await rt.gate.admit(stream.id, None, "http", params.priority, len(prompt),
-                                     request[_OWNER])
+                                     request[_OWNER], received=stream.received)
     except ProtocolError as exc:
         raise _refusal(exc) from None
     stream.admitted = time.perf_counter()

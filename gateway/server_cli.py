@@ -15,7 +15,9 @@ import asyncio
 import gc
 import logging
 import os
+import re
 import signal
+from pathlib import Path
 
 from aiohttp import web
 
@@ -73,7 +75,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--api-key", action="append", default=[], help="repeatable")
     s.add_argument("--api-key-file", help="one key per line; # starts a comment")
     s.add_argument("--allowed-origins", default="", help="comma-separated Origins")
-    s.add_argument("--session-db", help="SQLite file for sessions (default: in memory)")
+    s.add_argument("--instance-id", default=D.instance_id,
+                   help="this replica's name in hello.instance (default: hostname:port)")
+    s.add_argument("--session-store", metavar="URL",
+                   help="memory:, sqlite:///PATH or redis://HOST:PORT/DB (default: "
+                        "sqlite:///STATE_DIR/sessions.db)")
+    s.add_argument("--state-dir", help="directory of the default SQLite store (default: "
+                   "$XDG_STATE_HOME/tokenwire, else ~/.local/state/tokenwire)")
+    s.add_argument("--session-store-timeout", type=float, default=S.timeout_s,
+                   help="seconds one Redis call may take; beyond it chat turns answer "
+                        "store_unavailable (default %(default)s)")
+    s.add_argument("--session-store-retry-after", type=int, default=S.retry_after_ms,
+                   help="retry_after_ms sent with store_unavailable (default %(default)s)")
+    s.add_argument("--session-store-connections", type=int, default=S.max_connections,
+                   help="Redis connections per process (default %(default)s)")
     s.add_argument("--session-ttl", type=float, default=S.ttl_s,
                    help="seconds a session lives after its last save (default %(default)s)")
     s.add_argument("--max-sessions", type=int, default=S.max_sessions,
@@ -96,13 +111,27 @@ def gateway_config(args: argparse.Namespace, environ: dict) -> GatewayConfig:
         default_max_tokens=args.default_max_tokens, drain_timeout_s=args.drain_timeout,
         drain_grace_s=args.drain_grace,
         reconnect_after_ms=args.reconnect_after, api_keys=tuple(_api_keys(args, environ)),
-        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()))
+        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
+        instance_id=args.instance_id)
 
 
-def session_store_config(args: argparse.Namespace) -> SessionStoreConfig:
-    return SessionStoreConfig(path=args.session_db, ttl_s=args.session_ttl,
-                              max_sessions=args.max_sessions,
-                              max_bytes_per_session=args.max_session_bytes)
+def session_store_config(args: argparse.Namespace, environ: dict) -> SessionStoreConfig:
+    url = args.session_store or f"sqlite://{state_dir(args, environ) / 'sessions.db'}"
+    return SessionStoreConfig(url=url, ttl_s=args.session_ttl, max_sessions=args.max_sessions,
+                              max_bytes_per_session=args.max_session_bytes,
+                              timeout_s=args.session_store_timeout,
+                              retry_after_ms=args.session_store_retry_after,
+                              max_connections=args.session_store_connections)
+
+
+def state_dir(args: argparse.Namespace, environ: dict) -> Path:
+    """--state-dir, else $XDG_STATE_HOME/tokenwire (XDG: only an absolute path counts),
+    else ~/.local/state/tokenwire; always absolute."""
+    if args.state_dir:
+        return Path(args.state_dir).expanduser().absolute()
+    xdg = environ.get("XDG_STATE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".local" / "state"
+    return base / "tokenwire"
 
 
 def _api_keys(args: argparse.Namespace, environ: dict) -> list[str]:
@@ -137,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         config = gateway_config(args, dict(os.environ))
         engine_cfg = engine_config(args)
         sched_cfg = scheduler_config(args)
-        store_cfg = session_store_config(args)
+        store_cfg = session_store_config(args, dict(os.environ))
         from engine.llm import set_num_threads  # loads torch: only once the flags are good
 
         set_num_threads(args.num_threads)
@@ -175,6 +204,7 @@ async def serve(config: GatewayConfig, engine_cfg, sched_cfg: SchedulerConfig,
     from gateway.state import RUNTIME
 
     store = make_session_store(store_cfg)
+    log.info("sessions in %s", re.sub(r"//[^@/]*@", "//", store_cfg.url))  # no password
     app = build_app(config, engine_factory=lambda: AsyncEngine(engine_cfg), store=store,
                     scheduler_config=sched_cfg, on_ready=freeze_startup_heap)
     runner = make_runner(app, access_log=None)

@@ -1,31 +1,29 @@
 """Persistent chat sessions: what a WebSocket session needs to resume after a restart.
 
-Two stores share one interface (`SessionStore`): `MemorySessionStore` for tests and
-single-process use without persistence, and `SqliteSessionStore`, the embedded default,
-which survives a crash of the server (SQLite in WAL mode, one file on local disk).
+Three stores share one interface (`SessionStore`), chosen by URL (`--session-store`):
 
-Every SQLite call runs on one dedicated thread that owns the only connection, so the
-event loop never waits on disk and the connection is never shared between threads.
-Both stores enforce the same limits: a TTL after the last save, a byte cap per
-session (`SessionTooLargeError`) and a cap on the number of sessions (the least
-recently saved are evicted first), and the same rule for concurrent writers: every
-save carries the version it was loaded at, and a save never replaces a newer version
-(`SessionConflictError`).
+    memory:                 MemorySessionStore, this process only (tests)
+    sqlite:///PATH          SqliteSessionStore (gateway/sqlite_store.py), the embedded
+                            default: one file on local disk, survives a crash
+    redis://HOST:PORT/DB    RedisSessionStore (gateway/redis_store.py), shared by replicas
+
+All of them enforce the same limits: a TTL after the last save, a byte cap per session
+(`SessionTooLargeError`) and a cap on the number of sessions (the least recently saved
+are evicted first), and the same rule for concurrent writers: every save carries the
+version it was loaded at, and a save never replaces a newer version
+(`SessionConflictError`). A store that cannot be reached raises
+`SessionStoreUnavailableError` within its timeout.
 """
 from __future__ import annotations
 
-import asyncio
 import json
-import sqlite3
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from engine.errors import ConfigError
 
-T = TypeVar("T")
 Clock = Callable[[], float]
 
 
@@ -56,6 +54,18 @@ class SessionTooLargeError(ValueError):
         self.session_id = session_id
         self.size = size
         self.limit = limit
+
+
+class SessionStoreUnavailableError(ConnectionError):
+    """The store did not answer within its timeout (Redis down, say); nothing is known to
+    be saved. Clients retry after `retry_after_ms`; the store reconnects by itself."""
+
+    code = "store_unavailable"
+
+    def __init__(self, retry_after_ms: int, cause: str):
+        super().__init__(f"the session store is unavailable ({cause}); chat turns and "
+                         f"session changes are refused until it is back, retry later")
+        self.retry_after_ms = retry_after_ms
 
 
 @dataclass
@@ -96,16 +106,27 @@ DEFAULT_MAX_SESSIONS = 10_000
 DEFAULT_MAX_BYTES = 1 << 20
 
 
+SCHEMES = ("memory:", "sqlite://", "redis://", "rediss://")
+
+
 @dataclass(frozen=True, slots=True)
 class SessionStoreConfig:
-    """Limits of a session store; `path` is only used by the SQLite store."""
+    """Which store (`url`, see the module docstring) and its limits. The timeouts bound
+    every call to a networked store (Redis); an unreachable one is reported to clients
+    as `store_unavailable` with `retry_after_ms`."""
 
-    path: str | None = None
+    url: str = "memory:"
     ttl_s: float = DEFAULT_TTL_S  # a session expires this long after its last save
     max_sessions: int = DEFAULT_MAX_SESSIONS  # beyond this, the least recently saved go
     max_bytes_per_session: int = DEFAULT_MAX_BYTES  # serialized JSON size of one session
+    timeout_s: float = 1.0  # longest wait for one Redis call (connect, command, pool)
+    retry_after_ms: int = 1000  # sent with `store_unavailable`
+    max_connections: int = 64  # Redis connections per process; more callers wait
 
     def __post_init__(self) -> None:
+        if not self.url.startswith(SCHEMES) or self.url.rstrip("/") in ("sqlite:", "redis:"):
+            raise ConfigError("url", f"must be memory:, sqlite:///PATH or "
+                              f"redis://HOST:PORT/DB, got {self.url!r}")
         if self.ttl_s <= 0:
             raise ConfigError("ttl_s", f"must be > 0, got {self.ttl_s}")
         if self.max_sessions < 1:
@@ -113,9 +134,20 @@ class SessionStoreConfig:
         if self.max_bytes_per_session < 64:
             raise ConfigError("max_bytes_per_session",
                               f"must be >= 64, got {self.max_bytes_per_session}")
+        if not self.timeout_s > 0:
+            raise ConfigError("timeout_s", f"must be > 0, got {self.timeout_s}")
+        for name in ("retry_after_ms", "max_connections"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def sqlite_path(self) -> str:
+        """The file of a `sqlite://` URL: what follows the scheme, as in file:// URLs
+        (sqlite:///var/lib/x.db is /var/lib/x.db, sqlite://x.db is x.db, relative)."""
+        return self.url.removeprefix("sqlite://")
 
 
-def _encode(record: SessionRecord, limit: int) -> str:
+def encode_record(record: SessionRecord, limit: int) -> str:
     """The record's body as compact JSON, checked against the per-session byte cap."""
     body = json.dumps(
         {"owner": record.owner, "system": record.system, "params": record.params,
@@ -128,7 +160,7 @@ def _encode(record: SessionRecord, limit: int) -> str:
     return body
 
 
-def _decode(session_id: str, body: str, updated_at: float, version: int) -> SessionRecord:
+def decode_record(session_id: str, body: str, updated_at: float, version: int) -> SessionRecord:
     data = json.loads(body)
     return SessionRecord(session_id, data["owner"], data["system"], data["params"],
                          data["messages"], updated_at, version)
@@ -141,7 +173,7 @@ class MemorySessionStore:
                  max_sessions: int = DEFAULT_MAX_SESSIONS,
                  max_bytes_per_session: int = DEFAULT_MAX_BYTES,
                  *, clock: Clock = time.time):
-        self.config = SessionStoreConfig(None, ttl_s, max_sessions, max_bytes_per_session)
+        self.config = SessionStoreConfig("memory:", ttl_s, max_sessions, max_bytes_per_session)
         self._clock = clock
         self._rows: dict[str, tuple[float, int, str]] = {}  # id -> (updated_at, version, body)
 
@@ -152,10 +184,10 @@ class MemorySessionStore:
         if row[0] < self._clock() - self.config.ttl_s:
             del self._rows[session_id]
             return None
-        return _decode(session_id, row[2], row[0], row[1])
+        return decode_record(session_id, row[2], row[0], row[1])
 
     async def save(self, record: SessionRecord) -> None:
-        body = _encode(record, self.config.max_bytes_per_session)
+        body = encode_record(record, self.config.max_bytes_per_session)
         row = self._rows.get(record.session_id)
         if row is not None and row[1] > record.version:
             raise SessionConflictError(record.session_id, record.version, row[1])
@@ -175,127 +207,15 @@ class MemorySessionStore:
         return len(self._rows)
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    session_id TEXT PRIMARY KEY,
-    updated_at REAL NOT NULL,
-    body TEXT NOT NULL,
-    version INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS sessions_updated_at ON sessions (updated_at);
-"""
-
-
-class SqliteSessionStore:
-    """Sessions in one SQLite file (WAL), every call on a single dedicated thread.
-
-    WAL with synchronous=NORMAL keeps every committed save across a crash of the
-    process (kill -9); only a power loss may drop the last few commits.
-    """
-
-    def __init__(self, path: str, ttl_s: float = DEFAULT_TTL_S,
-                 max_sessions: int = DEFAULT_MAX_SESSIONS,
-                 max_bytes_per_session: int = DEFAULT_MAX_BYTES,
-                 *, clock: Clock = time.time):
-        self.config = SessionStoreConfig(str(path), ttl_s, max_sessions, max_bytes_per_session)
-        self._clock = clock
-        # One worker thread owns the connection: SQLite calls are serialized and
-        # never run on the event loop.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="session-store")
-        self._conn: sqlite3.Connection | None = None
-        self._closed = False
-
-    async def load(self, session_id: str) -> SessionRecord | None:
-        return await self._run(self._load_sync, session_id)
-
-    async def save(self, record: SessionRecord) -> None:
-        # Encode on the loop so a too-large session fails before touching the thread.
-        body = _encode(record, self.config.max_bytes_per_session)
-        record.updated_at = await self._run(self._save_sync, record.session_id, body,
-                                            record.version)
-        record.version += 1
-
-    async def delete(self, session_id: str) -> None:
-        await self._run(self._delete_sync, session_id)
-
-    async def count(self) -> int:
-        """Number of stored sessions, expired ones included until they are purged."""
-        return await self._run(self._count_sync)
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._close_sync)
-        self._executor.shutdown(wait=False)
-
-    async def _run(self, fn: Callable[..., T], *args) -> T:
-        if self._closed:
-            raise RuntimeError("session store is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            conn = sqlite3.connect(self.config.path, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=5000")
-            conn.executescript(_SCHEMA)
-            columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
-            if "version" not in columns:  # a file written before sessions had versions
-                conn.execute("ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
-            self._conn = conn
-        return self._conn
-
-    def _load_sync(self, session_id: str) -> SessionRecord | None:
-        conn = self._connection()
-        row = conn.execute("SELECT updated_at, body, version FROM sessions WHERE session_id = ?",
-                           (session_id,)).fetchone()
-        if row is None:
-            return None
-        if row[0] < self._clock() - self.config.ttl_s:
-            conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
-            return None
-        return _decode(session_id, row[1], row[0], row[2])
-
-    def _save_sync(self, session_id: str, body: str, version: int) -> float:
-        conn = self._connection()
-        now = self._clock()
-        with conn:  # one transaction: compare-and-set upsert, purge expired, evict
-            conn.execute("BEGIN IMMEDIATE")
-            written = conn.execute(
-                "INSERT INTO sessions (session_id, updated_at, body, version) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT(session_id) DO UPDATE SET "
-                "updated_at = excluded.updated_at, body = excluded.body, "
-                "version = excluded.version WHERE sessions.version <= ?",
-                (session_id, now, body, version + 1, version)).rowcount
-            if not written:
-                stored = conn.execute("SELECT version FROM sessions WHERE session_id = ?",
-                                      (session_id,)).fetchone()[0]
-                raise SessionConflictError(session_id, version, stored)
-            conn.execute("DELETE FROM sessions WHERE updated_at < ?", (now - self.config.ttl_s,))
-            excess = self._count_sync() - self.config.max_sessions
-            if excess > 0:
-                conn.execute(
-                    "DELETE FROM sessions WHERE session_id IN (SELECT session_id FROM sessions "
-                    "WHERE session_id != ? ORDER BY updated_at ASC LIMIT ?)", (session_id, excess))
-        return now
-
-    def _delete_sync(self, session_id: str) -> None:
-        self._connection().execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
-
-    def _count_sync(self) -> int:
-        return self._connection().execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
-
-    def _close_sync(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-
 def make_session_store(config: SessionStoreConfig, *, clock: Clock = time.time) -> SessionStore:
-    """The store a config asks for: SQLite at `config.path`, else in memory."""
+    """The store `config.url` names."""
     limits = (config.ttl_s, config.max_sessions, config.max_bytes_per_session)
-    if config.path is None:
-        return MemorySessionStore(*limits, clock=clock)
-    return SqliteSessionStore(config.path, *limits, clock=clock)
+    if config.url.startswith("sqlite://"):
+        from gateway.sqlite_store import SqliteSessionStore
+
+        return SqliteSessionStore(config.sqlite_path, *limits, clock=clock)
+    if config.url.startswith(("redis://", "rediss://")):
+        from gateway.redis_store import RedisSessionStore  # imports redis: only when used
+
+        return RedisSessionStore(config, clock=clock)
+    return MemorySessionStore(*limits, clock=clock)

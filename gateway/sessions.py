@@ -24,13 +24,15 @@ from gateway.session_store import (
     SessionConflictError,
     SessionRecord,
     SessionStore,
+    SessionStoreUnavailableError,
     SessionTooLargeError,
 )
 
 log = logging.getLogger(__name__)
 
 MAX_SESSION_ID_CHARS = 64
-SaveError = SessionTooLargeError | SessionConflictError  # what the store may refuse with
+# What a save may end with, answered to the client as an `error` frame.
+SaveError = SessionTooLargeError | SessionConflictError | SessionStoreUnavailableError
 
 
 class LiveSession:
@@ -146,6 +148,11 @@ class SessionRegistry:
             async with live.save_lock:  # one at a time: each expects the last one's version
                 await self.store.save(live.record)
         except SessionTooLargeError as exc:
+            return exc
+        except SessionStoreUnavailableError as exc:
+            # The record keeps its version and its new turns: the next save that reaches
+            # the store writes them all, or another replica's newer copy wins.
+            log.warning("session save failed: %s", exc.__cause__ or exc)
             return exc
         except SessionConflictError as exc:
             # Not the id: session ids are capabilities and stay out of the log.

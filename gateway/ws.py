@@ -6,6 +6,7 @@ from aiohttp import hdrs, web
 from gateway import protocol as p
 from gateway.auth import authenticate, check_origin, error_response
 from gateway.connection import Connection
+from gateway.session_store import SessionStoreUnavailableError
 from gateway.state import RUNTIME, Runtime
 
 SESSION_HEADER = "X-Tokenwire-Session"
@@ -43,7 +44,12 @@ async def ws_handler(request: web.Request) -> web.WebSocketResponse:
                                # ours is the largest allowed, so the bound is one more.
                                max_msg_size=config.max_message_bytes + 1,
                                protocols=(chosen,) if chosen else ())
-    live, resumed = await rt.sessions.attach(request.query.get("session_id"), owner)
+    try:
+        live, resumed = await rt.sessions.attach(request.query.get("session_id"), owner)
+    except SessionStoreUnavailableError as exc:  # the session to resume cannot be read
+        retry_s = str(max(1, -(-exc.retry_after_ms // 1000)))
+        raise error_response(web.HTTPServiceUnavailable, str(exc), exc.code,
+                             headers={"Retry-After": retry_s}) from None
     # The 101 names the session, so a load balancer can learn which replica holds it
     # (deploy/haproxy: a stick table) before the client reconnects with ?session_id=.
     ws.headers[SESSION_HEADER] = live.id

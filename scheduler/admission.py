@@ -137,6 +137,9 @@ class AdmissionController:
     # -- signals ------------------------------------------------------------------------
     def signals(self) -> Signals:
         """The snapshot the policy decides on (also what /metrics and /ready report)."""
+        # Busy time accrues up to now, not only up to the last admission or release: a
+        # rate that has been measured long enough is used from the first request after.
+        self._update_busy(self.clock())
         stats = self.engine_stats() if self.engine_stats is not None else None
         s = self.sampler
         oldest = next(iter(self._running.values()), None)

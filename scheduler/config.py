@@ -44,6 +44,10 @@ class SchedulerConfig:
     # Signals.
     nvml_interval_s: float = 1.0
     drain_window_s: float = 10.0  # time constant of the drain-rate EWMA
+    # Completions per second assumed until the drain rate is measured (a replica that
+    # just started). None: until then nothing queues; requests beyond the free engine
+    # slots are refused at once instead of waiting out their queue budget.
+    initial_drain_rps: float | None = None
     # Time-to-first-token promise. A request may spend queue_budget_fraction of it queued
     # (the rest is for its prefill): one whose estimated wait exceeds that is refused up
     # front, and a queued one still waiting when its budget runs out is refused then.
@@ -68,6 +72,8 @@ class SchedulerConfig:
         _pair("gpu_memory", self.gpu_memory_enter, self.gpu_memory_leave)
         if self.priority_min > self.priority_max:
             raise ConfigError("priority_min", "must not exceed priority_max")
+        if self.initial_drain_rps is not None and not self.initial_drain_rps > 0:
+            raise ConfigError("initial_drain_rps", "must be positive or None")
         for name in ("nvml_interval_s", "drain_window_s", "ttft_bound_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, "must be positive")

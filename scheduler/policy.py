@@ -7,11 +7,18 @@ testable with a fake clock and made-up signals.
             --> overload state --> overloaded     (KV / GPU util / GPU memory / RSS, hysteresis)
             --> free engine slot and nobody ahead --> admit
             --> queue bounds ----> overloaded     (requests, prompt tokens; chat has a reserve)
-            --> estimated wait --> overloaded     (would break the time-to-first-token bound)
+            --> estimated wait --> overloaded     (would break the time-to-first-token bound,
+                                                   or cannot be estimated yet)
             --> queue
+
+The wait is estimated from the drain rate measured while the engine is saturated, or,
+before any is measured (a replica that just became ready), from the configured prior
+`initial_drain_rps`. With neither, no request is queued: one that finds no free slot is
+refused at once rather than refused late, after waiting out its queue budget.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -119,6 +126,8 @@ def _overload_signals(s: Signals, c: SchedulerConfig):
 def decide(config: SchedulerConfig, signals: Signals, request: AdmissionRequest,
            overload: str | None, now: float) -> Decision:
     """Admit, queue or refuse one request. `overload` is overload_cause's current answer."""
+    if signals.drain_rps is None and config.initial_drain_rps is not None:
+        signals = dataclasses.replace(signals, drain_rps=config.initial_drain_rps)
     refusal = _rate_limit(config, signals, request, now)
     if refusal is not None:
         return refusal
@@ -166,11 +175,9 @@ def _wait_bound(c: SchedulerConfig, s: Signals, r: AdmissionRequest) -> Decision
     """Queue only if the request would reach an engine slot within its queue budget."""
     budget_s = c.ttft_bound_s * c.queue_budget_fraction
     wait = estimate_wait_s(s, r.queue_ahead + 1, r.queue_ahead_tokens + r.prompt_tokens)
-    if wait is None:
-        # Nothing measured yet: allow one wave of requests (one per engine slot) to wait.
-        if r.queue_ahead < c.max_running_requests:
-            return Decision(QUEUE)
-        return _reject(c, OVERLOADED, None, "waiting queue is full (drain rate not measured)")
+    if wait is None:  # no rate measured and no prior: a queued request might wait it out
+        return _reject(c, OVERLOADED, None, "no engine slot is free and the drain rate is "
+                                            "not measured yet")
     if wait > budget_s:
         return _reject(c, OVERLOADED, wait - budget_s,
                        "estimated wait exceeds the time-to-first-token bound")

@@ -37,7 +37,8 @@ def test_no_flags_gives_the_dataclass_defaults():
     assert server_cli.scheduler_config(args) == SchedulerConfig()
     assert server_cli.engine_config(args) == EngineConfig()
     assert server_cli.gateway_config(args, {}) == GatewayConfig()
-    assert server_cli.session_store_config(args) == SessionStoreConfig()
+    home_db = Path.home() / ".local" / "state" / "tokenwire" / "sessions.db"
+    assert server_cli.session_store_config(args, {}) == SessionStoreConfig(f"sqlite://{home_db}")
 
 
 def test_every_gateway_field_has_a_flag():
@@ -45,7 +46,7 @@ def test_every_gateway_field_has_a_flag():
                  "--heartbeat", "3", "--receive-timeout", "4", "--send-timeout", "5",
                  "--max-inflight", "6", "--max-pending-frames", "8", "--max-tokens-cap", "99",
                  "--default-max-tokens", "9", "--drain-timeout", "10", "--drain-grace", "2",
-                 "--reconnect-after", "11",
+                 "--reconnect-after", "11", "--instance-id", "replica-a",
                  "--api-key", "a", "--allowed-origins", "http://x, http://y")
     config = server_cli.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
     defaults = GatewayConfig()
@@ -57,9 +58,38 @@ def test_every_gateway_field_has_a_flag():
 
 
 def test_session_store_flags():
-    args = parse("--session-db", "s.db", "--session-ttl", "60", "--max-sessions", "5",
-                 "--max-session-bytes", "4096")
-    assert server_cli.session_store_config(args) == SessionStoreConfig("s.db", 60.0, 5, 4096)
+    args = parse("--session-store", "redis://127.0.0.1:6390/2", "--session-ttl", "60",
+                 "--max-sessions", "5", "--max-session-bytes", "4096",
+                 "--session-store-timeout", "0.25", "--session-store-retry-after", "300",
+                 "--session-store-connections", "7")
+    assert server_cli.session_store_config(args, {}) == SessionStoreConfig(
+        "redis://127.0.0.1:6390/2", 60.0, 5, 4096, 0.25, 300, 7)
+
+
+@pytest.mark.parametrize("argv, environ, path", [
+    ((), {"XDG_STATE_HOME": "/xdg"}, "/xdg/tokenwire/sessions.db"),
+    ((), {"XDG_STATE_HOME": "relative"}, f"{Path.home()}/.local/state/tokenwire/sessions.db"),
+    (("--state-dir", "/srv/tw"), {"XDG_STATE_HOME": "/xdg"}, "/srv/tw/sessions.db"),
+    (("--session-store", "sqlite:///data/s.db"), {}, "/data/s.db"),
+])
+def test_default_store_is_sqlite_in_the_state_dir(argv, environ, path):
+    config = server_cli.session_store_config(parse(*argv), environ)
+    assert config.url.startswith("sqlite://") and config.sqlite_path == path
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "redis://", "postgres://x", "", "/tmp/s.db"])
+def test_session_store_url_is_checked(url):
+    with pytest.raises(ConfigError) as info:
+        SessionStoreConfig(url)
+    assert info.value.field == "url"
+
+
+def test_instance_id_defaults_to_host_and_port():
+    import socket
+
+    assert GatewayConfig(port=8123).instance_id == f"{socket.gethostname()}:8123"
+    with pytest.raises(ConfigError):
+        GatewayConfig(instance_id="a b")
 
 
 def test_engine_and_scheduler_flags_typed_and_none_switches_off():

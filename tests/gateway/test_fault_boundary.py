@@ -94,10 +94,10 @@ async def test_a_full_outbox_in_a_request_task_closes_the_socket(server, base_ur
     gate = server.apps[base_url][RUNTIME].gate
     real_admit, real_put = gate.admit, Outbox.put
 
-    async def admit(request_id, *args):
+    async def admit(request_id, *args, **kwargs):
         if request_id == "full":
             raise ProtocolError("overloaded", "try later", request_id, retry_after_ms=10)
-        return await real_admit(request_id, *args)
+        return await real_admit(request_id, *args, **kwargs)
 
     def put(outbox, frame):
         if frame.get("id") == "full":

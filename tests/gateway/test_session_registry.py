@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.session_store import SessionConflictError, SessionRecord, SqliteSessionStore
+from gateway.session_store import SessionConflictError, SessionRecord
 from gateway.sessions import SessionRegistry
+from gateway.sqlite_store import SqliteSessionStore
 
 OWNER = "ab" * 32
 

@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 from ws_helpers import open_ws, recv_type, recv_until
 
-from gateway.session_store import SqliteSessionStore
+from gateway.sqlite_store import SqliteSessionStore
 
 ROUNDS = 20
 CLIENTS = 4

@@ -1,6 +1,8 @@
 """Protocol v1 over a real socket: every message type, chat sessions, multiplexing, cancel."""
 from __future__ import annotations
 
+import socket
+
 import aiohttp
 import msgpack
 
@@ -20,9 +22,19 @@ async def test_hello_names_protocol_model_and_limits(base_url):
         assert len(hello["session_id"]) >= 22  # 128 random bits, URL-safe base64
         assert hello["limits"] == {"max_tokens": 4096, "max_context": 2048,
                                    "max_message_bytes": 1 << 20, "max_inflight": 8}
+        assert hello["instance"].startswith(socket.gethostname() + ":")  # default host:port
         await ws.send_json({"type": "ping", "t": 123.5})
         assert await ws.receive_json() == {"type": "pong", "t": 123.5}
         await ws.close()
+
+
+async def test_hello_names_the_configured_instance(server):
+    url = server.start_app(instance_id="replica-b")
+    async with aiohttp.ClientSession() as s:
+        ws, hello = await open_ws(s, url)
+        assert hello["instance"] == "replica-b"
+        await ws.close()
+    server.stop_app(url)
 
 
 async def test_chat_two_turns_history_and_prefix_cache(base_url):

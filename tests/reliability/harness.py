@@ -25,7 +25,8 @@ FRAME_TIMEOUT_S = 60.0
 # The codes DESIGN.md lists for `error` frames.
 ERROR_CODES = frozenset({
     "invalid_json", "invalid_request", "unknown_type", "duplicate_id", "not_found", "busy",
-    "too_large", "overloaded", "rate_limited", "unauthorized", "draining", "internal"})
+    "too_large", "overloaded", "rate_limited", "unauthorized", "draining", "internal",
+    "store_unavailable"})
 
 
 def free_port() -> int:

@@ -65,13 +65,15 @@ async def _resume(http, server, session_id: str, expected: list[dict],
 
 
 async def test_sessions_resume_after_kill9(spawn, tmp_path, figures):
-    db = str(tmp_path / "sessions.db")
-    server = spawn("--session-db", db, "--block-size", str(BLOCK_SIZE), name="restart").start()
+    # The default store: SQLite in the state directory (here a temporary one).
+    server = spawn("--state-dir", str(tmp_path), "--block-size", str(BLOCK_SIZE),
+                   name="restart").start()
     async with aiohttp.ClientSession() as http:
         held = await asyncio.gather(*(_hold_session(http, server, i)
                                       for i in range(NUM_SESSIONS)))
         cut_session = await _hold_mid_turn(http, server)
         server.kill9()
+        assert (tmp_path / "sessions.db").is_file()
         server.start()  # same port, same store file
         results = await asyncio.gather(*(_resume(http, server, *session) for session in held))
         # The turn the kill cut off is not in the history (no question without its answer),

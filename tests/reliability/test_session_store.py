@@ -1,4 +1,5 @@
-"""Session stores: roundtrip, persistence across reopen, TTL, size cap, eviction, threading."""
+"""Session stores (memory, SQLite, Redis on a real redis-server): roundtrip, persistence
+across reopen, TTL, size cap, eviction, versioned saves, threading."""
 from __future__ import annotations
 
 import asyncio
@@ -6,16 +7,19 @@ import sqlite3
 import threading
 
 import pytest
+from services import RedisServer
 
 from gateway.session_store import (
     MemorySessionStore,
     SessionConflictError,
     SessionRecord,
     SessionStoreConfig,
+    SessionStoreUnavailableError,
     SessionTooLargeError,
-    SqliteSessionStore,
     make_session_store,
 )
+from gateway.redis_store import RedisSessionStore
+from gateway.sqlite_store import SqliteSessionStore
 
 
 class FakeClock:
@@ -38,12 +42,15 @@ def record(session_id: str, turns: int = 1, owner: str | None = "ab" * 32) -> Se
     return SessionRecord(session_id, owner, "be brief", {"temperature": 0.0}, messages, 0.0)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "redis"])
 def make_store(request, tmp_path):
     def make(clock=None, **limits):
         clock = clock or FakeClock()
         if request.param == "memory":
             return MemorySessionStore(**limits, clock=clock)
+        if request.param == "redis":
+            url = request.getfixturevalue("redis_server").url
+            return RedisSessionStore(SessionStoreConfig(url, **limits), clock=clock)
         return SqliteSessionStore(tmp_path / "sessions.db", **limits, clock=clock)
 
     return make
@@ -226,10 +233,53 @@ def test_config_validation():
         SessionStoreConfig(max_bytes_per_session=1)
 
 
-async def test_make_session_store(tmp_path):
+async def test_make_session_store(tmp_path, redis_server):
     memory = make_session_store(SessionStoreConfig())
-    sqlite_store = make_session_store(SessionStoreConfig(path=str(tmp_path / "s.db"), ttl_s=5))
+    path = tmp_path / "state" / "tokenwire" / "s.db"  # its directory is made on first use
+    sqlite_store = make_session_store(SessionStoreConfig(f"sqlite://{path}", ttl_s=5))
+    redis_store = make_session_store(SessionStoreConfig(redis_server.url, max_sessions=9))
     assert isinstance(memory, MemorySessionStore)
     assert isinstance(sqlite_store, SqliteSessionStore) and sqlite_store.config.ttl_s == 5
+    assert isinstance(redis_store, RedisSessionStore) and redis_store.config.max_sessions == 9
+    for store in (sqlite_store, redis_store):
+        await store.save(record("s1"))
+        assert (await store.load("s1")).version == 1
+        await store.close()
+    assert path.is_file()
     await memory.close()
-    await sqlite_store.close()
+
+
+async def _all_unavailable(store: RedisSessionStore, rec: SessionRecord,
+                           delete: bool = True) -> None:
+    loop = asyncio.get_running_loop()
+    calls = [store.load("s1"), store.save(rec), store.count()]
+    for call in calls + ([store.delete("s1")] if delete else []):
+        started = loop.time()
+        with pytest.raises(SessionStoreUnavailableError) as info:
+            await call
+        assert loop.time() - started < 2.0 and info.value.retry_after_ms == 250
+        assert info.value.code == "store_unavailable"
+
+
+async def test_redis_down_or_hung_is_unavailable_within_the_timeout_then_recovers(tmp_path):
+    redis = RedisServer(tmp_path / "redis", persist=True).start()
+    store = RedisSessionStore(SessionStoreConfig(redis.url, timeout_s=0.5, retry_after_ms=250))
+    rec = record("s1")
+    try:
+        await store.save(rec)
+        redis.stop()  # down: connections refused
+        await _all_unavailable(store, rec)
+        assert rec.version == 1  # the refused saves changed nothing
+        redis.start()  # same port, its data reloaded: the client reconnects by itself
+        await store.save(rec)
+        assert (await store.load("s1")).version == rec.version == 2
+        redis.freeze()  # hung: every call must end within the timeout all the same
+        await _all_unavailable(store, rec, delete=False)
+        redis.thaw()
+        # The hung save may have landed once Redis woke up: either way the session is whole.
+        stored = await store.load("s1")
+        assert stored.version in (2, 3) and stored.messages == rec.messages
+    finally:
+        await store.close()
+        redis.thaw()
+        redis.stop()

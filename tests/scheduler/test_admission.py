@@ -26,8 +26,9 @@ class FakeEngine:
 
 
 def make(**kw):
+    # A fast prior drain rate: these tests queue before any rate is measured.
     cfg = dict(max_running_requests=2, max_waiting_requests=4, max_inflight_per_socket=8,
-               ttft_bound_s=2.0)
+               ttft_bound_s=2.0, initial_drain_rps=1000.0)
     cfg.update(kw)
     clock, engine = FakeClock(), FakeEngine()
     return AdmissionController(SchedulerConfig(**cfg), engine.stats, clock=clock), clock, engine
@@ -223,3 +224,18 @@ async def test_metrics_read_the_controller_at_scrape_time():
     assert "tokenwire_admission_slots_used 2.0" in text
     assert "tokenwire_admission_drain_rate_requests_per_second NaN" in text
     assert "tokenwire_admission_overloaded 0.0" in text
+
+
+async def test_busy_time_counts_up_to_now():
+    """A rate measured over enough saturated time is used by the next request, even when
+    nothing was admitted or released in between."""
+    ctl, clock, _ = make(max_running_requests=1, initial_drain_rps=None)
+    first = ctl.try_admit("generate")
+    clock.now = 0.2
+    ctl.release(first, finish_reason="stop")  # one completion while saturated
+    ctl.try_admit("generate")  # saturated again
+    assert ctl.signals().drain_rps is None  # 0.2 s of busy time: not enough yet
+    clock.now = 1.0
+    assert ctl.signals().drain_rps is not None
+    ctl.try_admit("generate")  # queued on the measured rate, not refused as unknown
+    assert ctl.num_waiting == 1

@@ -122,7 +122,9 @@ async def test_http_overload_is_503_with_retry_after(server):
 async def test_cancelled_requests_do_not_count_as_served(server):
     """The drain rate behind retry_after_ms counts finished requests only: cancelling
     every request while the engine is saturated teaches the server no rate at all."""
-    url, app = server.start_app(SchedulerConfig(max_running_requests=1, ttft_bound_s=600.0),
+    # The prior lets one request queue behind the running one before any rate is measured.
+    url, app = server.start_app(SchedulerConfig(max_running_requests=1, ttft_bound_s=600.0,
+                                                initial_drain_rps=1.0),
                                 max_inflight_per_socket=64)
     controller = server.runtime(app).gate.controller
     async with aiohttp.ClientSession() as session, WsClient(session, url) as client:

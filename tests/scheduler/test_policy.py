@@ -1,4 +1,5 @@
 """Admission policy: pure functions under made-up signals and a fake clock."""
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -50,11 +51,29 @@ def test_token_heavy_queue_uses_token_rate():
     assert d.action == REJECT  # 600 tokens at 400/s = 1.5 s > 1 s although 2 requests fit
 
 
-def test_unmeasured_drain_allows_one_wave():
-    s = Signals(num_running=4, num_waiting=3)
-    assert decide(CFG, s, AdmissionRequest("chat", queue_ahead=3), None, 0.0).action == QUEUE
-    d = decide(CFG, s, AdmissionRequest("chat", queue_ahead=4), None, 0.0)
-    assert (d.action, d.retry_after_ms) == (REJECT, 1000)
+def test_unmeasured_drain_queues_nothing():
+    """A replica that just started has no drain rate: a request that finds no free slot is
+    refused now, not after waiting out its queue budget for a slot that may not come."""
+    s = Signals(num_running=4)
+    d = decide(CFG, s, AdmissionRequest("chat", queue_ahead=0), None, 0.0)
+    assert (d.action, d.reason, d.retry_after_ms) == (REJECT, OVERLOADED, 1000)
+    assert "not measured" in d.detail
+    assert decide(CFG, Signals(num_running=3), AdmissionRequest("chat"), None, 0.0).action == ADMIT
+
+
+def test_prior_drain_rate_until_measured():
+    prior = SchedulerConfig(max_running_requests=4, ttft_bound_s=2.0, initial_drain_rps=4.0)
+    # Slots held 1 s (4 running at 4/s), started 0.2 s ago: the 1st queued waits 0.8 s,
+    # the 2nd 1.05 s, over the 1 s budget.
+    s = Signals(num_running=4, oldest_running_s=0.2)
+    assert decide(prior, s, AdmissionRequest("chat", queue_ahead=0), None, 0.0).action == QUEUE
+    d = decide(prior, s, AdmissionRequest("chat", queue_ahead=1), None, 0.0)
+    assert (d.action, d.reason) == (REJECT, OVERLOADED)
+    # A measured rate overrides the prior: 1/s makes even the first place too long a wait.
+    measured = dataclasses.replace(s, drain_rps=1.0)
+    assert decide(prior, measured, AdmissionRequest("chat"), None, 0.0).action == REJECT
+    with pytest.raises(ConfigError):
+        SchedulerConfig(initial_drain_rps=0.0)
 
 
 def test_generate_cannot_use_chat_reserve():
