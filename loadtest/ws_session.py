@@ -3,9 +3,9 @@
     `draining` ........ let the turn in flight end, then reopen the socket with
                         ?session_id= after (a random part of) reconnect_after_ms
     1012 / lost socket  reopen at once, backing off while no replica takes it
-    turn cut short .... (error `draining`, `disconnected`, or `cancelled` after `draining`)
-                        send it again on the new socket: the session kept only the turns
-                        that ended with `done`
+    turn cut short .... (error `draining` or `disconnected`: no `done`) send it again on
+                        the new socket; the session's history holds exactly the turns that
+                        ended with `done` (a `cancelled` one with its partial reply)
 
 Each retry and reopened socket is counted on the turn's record, so the load tester
 reports them beside the failures.
@@ -45,14 +45,9 @@ class WsSession:
                     record.fail("session_lost", "the server did not resume the session")
                     return
             await self.conn.request(message, record)
-            if not self._cut_short(record) or record.retries >= MAX_RETRIES:
+            if record.error_code not in RETRY_CODES or record.retries >= MAX_RETRIES:
                 return
             record.retry()
-
-    def _cut_short(self, record: RequestRecord) -> bool:
-        if record.error_code in RETRY_CODES:
-            return True
-        return record.error_code == "cancelled" and self.conn.draining is not None
 
     async def _reopen(self, record: RequestRecord) -> bool:
         """Replace the socket by one that resumes this session; whether it was resumed

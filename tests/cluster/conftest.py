@@ -1,5 +1,5 @@
-"""Three real `tokenwire serve` replicas sharing one session store, behind the shipped
-HAProxy config, all on loopback: one cluster for the whole package (each replica loads
+"""Three real `tokenwire serve` replicas sharing one Redis session store, behind the
+shipped HAProxy config, all on loopback (real redis-server and haproxy processes): one cluster for the whole package (each replica loads
 the model, ~30-60 s on the CI box). A test that kills or restarts replicas leaves all
 three up and seen up by HAProxy when it ends.
 """
@@ -11,6 +11,7 @@ import pytest
 
 from loadtest.haproxy_process import HaproxyProcess
 from tests.reliability.harness import ServerProcess
+from tests.services import RedisServer
 
 BLOCK_SIZE = 16
 REPLICA_ARGS = ("--block-size", str(BLOCK_SIZE), "--num-kv-blocks", "256",
@@ -20,7 +21,7 @@ REPLICA_ARGS = ("--block-size", str(BLOCK_SIZE), "--num-kv-blocks", "256",
 
 
 class Cluster:
-    """replicas[i] is HAProxy's server r{i+1}."""
+    """replicas[i] is HAProxy's server r{i+1}, and says so in hello.instance."""
 
     def __init__(self, replicas: list[ServerProcess], lb: HaproxyProcess):
         self.replicas, self.lb = replicas, lb
@@ -40,8 +41,9 @@ class Cluster:
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cluster")
-    store = ("--session-db", str(tmp / "sessions.db"))
-    replicas = [ServerProcess(tmp / f"r{i + 1}.log", *store, *REPLICA_ARGS)
+    redis = RedisServer(tmp / "redis").start()
+    replicas = [ServerProcess(tmp / f"r{i + 1}.log", "--session-store", redis.url,
+                              "--instance-id", f"r{i + 1}", *REPLICA_ARGS)
                 for i in range(3)]
     try:
         with ThreadPoolExecutor(3) as pool:
@@ -51,3 +53,4 @@ def cluster(tmp_path_factory):
     finally:
         for replica in replicas:
             replica.stop()
+        redis.stop()

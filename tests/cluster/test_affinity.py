@@ -21,7 +21,8 @@ async def _session(http, lb) -> dict:
     session_id = hello["session_id"]
     _, end = await chat(first, "t0", f"Session {session_id}: describe the sea in one line.")
     assert end["type"] == "done", end
-    seen = {"id": session_id, "replicas": [lb.sticky()[session_id]], "warm": []}
+    seen = {"id": session_id, "replicas": [hello["instance"]], "warm": []}
+    assert lb.sticky()[session_id] == hello["instance"]  # HAProxy learnt it from the 101
     prompt_tokens = end["usage"]["prompt_tokens"]
     for turn in range(1, RECONNECTS + 1):
         ws, hello = await connect(http, lb, session_id)
@@ -29,7 +30,7 @@ async def _session(http, lb) -> dict:
         _, end = await chat(ws, f"t{turn}", f"And turn {turn}?")
         assert end["type"] == "done", end
         await ws.close()
-        seen["replicas"].append(lb.sticky()[session_id])
+        seen["replicas"].append(hello["instance"])
         # The previous turn's whole prompt (its full blocks) was found in the cache:
         # only the replica that ran it has it.
         seen["warm"].append(end["usage"]["cached_tokens"]
