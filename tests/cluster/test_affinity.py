@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from tests.reliability.harness import chat, connect
 
 from .conftest import BLOCK_SIZE
+
+pytestmark = pytest.mark.slow  # three replicas load the model: minutes on a 2-core box
 
 NUM_SESSIONS = 6
 RECONNECTS = 3

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from tests.reliability.harness import chat, connect, history, recv
+
+pytestmark = pytest.mark.slow  # three replicas load the model: minutes on a 2-core box
 
 NUM_SESSIONS = 20
 NUM_CUT = 5  # of them, mid-turn (deltas seen, no `done`) when the replica dies

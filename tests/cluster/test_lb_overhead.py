@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 
 import aiohttp
+import pytest
 
 from loadtest.lb_overhead import one_round
 from tests.reliability.harness import scrape
+
+pytestmark = pytest.mark.slow  # three replicas load the model: minutes on a 2-core box
 
 GENERATED = "tokenwire_generation_tokens_total"
 

@@ -11,7 +11,11 @@ import sys
 import time
 import urllib.request
 
+import pytest
+
 from tests.reliability.harness import REPO, _http_status
+
+pytestmark = pytest.mark.slow  # three replicas load the model: minutes on a 2-core box
 
 NUM_SESSIONS = 6
 SETTLE_TIMEOUT_S = 120.0
