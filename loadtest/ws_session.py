@@ -30,6 +30,7 @@ class WsSession:
     def __init__(self, backend, conn: WsConnection):
         self.backend, self.conn = backend, conn
         self.session_id = conn.hello["session_id"]
+        self.has_history = False  # a turn ended with `done`: the store holds the session
 
     async def turn(self, prompt: Prompt, record: RequestRecord) -> None:
         params = request_params(prompt, self.backend.temperature, self.backend.ignore_eos)
@@ -41,10 +42,12 @@ class WsSession:
                 except ConnectFailed as exc:
                     record.fail(exc.code, str(exc))
                     return
-                if not resumed:  # the history is gone (expired, or lost by the store)
+                if self.has_history and not resumed:  # expired, or lost by the store
                     record.fail("session_lost", "the server did not resume the session")
                     return
             await self.conn.request(message, record)
+            if record.finish_reason is not None:
+                self.has_history = True
             if record.error_code not in RETRY_CODES or record.retries >= MAX_RETRIES:
                 return
             record.retry()
