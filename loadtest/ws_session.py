@@ -3,9 +3,10 @@
     `draining` ........ let the turn in flight end, then reopen the socket with
                         ?session_id= after (a random part of) reconnect_after_ms
     1012 / lost socket  reopen at once, backing off while no replica takes it
-    turn cut short .... (error `draining` or `disconnected`: no `done`) send it again on
-                        the new socket; the session's history holds exactly the turns that
-                        ended with `done` (a `cancelled` one with its partial reply)
+    turn cut short .... (error `draining` or `disconnected`, or `cancelled` by the drain's
+                        timeout) send it again on the new socket, without reading the
+                        history first: a cut turn the session kept (with its partial reply)
+                        is then asked twice, which a synthetic chat does not mind
 
 Each retry and reopened socket is counted on the turn's record, so the load tester
 reports them beside the failures.
@@ -48,9 +49,16 @@ class WsSession:
             await self.conn.request(message, record)
             if record.finish_reason is not None:
                 self.has_history = True
-            if record.error_code not in RETRY_CODES or record.retries >= MAX_RETRIES:
+            if not self._cut_short(record) or record.retries >= MAX_RETRIES:
                 return
             record.retry()
+
+    def _cut_short(self, record: RequestRecord) -> bool:
+        """Refused by a draining replica, cut by a lost socket, or ended `cancelled` by
+        the drain's timeout (the replica was too slow to finish it in time)."""
+        if record.error_code in RETRY_CODES:
+            return True
+        return record.error_code == "cancelled" and self.conn.draining is not None
 
     async def _reopen(self, record: RequestRecord) -> bool:
         """Replace the socket by one that resumes this session; whether it was resumed

@@ -15,7 +15,7 @@ from tests.services import RedisServer
 
 BLOCK_SIZE = 16
 REPLICA_ARGS = ("--block-size", str(BLOCK_SIZE), "--num-kv-blocks", "256",
-                "--drain-timeout", "20", "--reconnect-after", "300",
+                "--drain-timeout", "60", "--reconnect-after", "300",
                 # The CI box is slow and shared: no refusals from the TTFT estimate.
                 "--ttft-bound-s", "600")
 

@@ -55,7 +55,7 @@ def test_rolling_restart_under_session_load(cluster, tmp_path):
         _wait_attached(cluster, load)
         for replica in cluster.replicas:
             replica.terminate()  # SIGTERM: the gateway drains
-            assert replica.proc.wait(60) == 0, replica.log()
+            assert replica.proc.wait(120) == 0, replica.log()
             cluster.restart(replica)
             assert _http_status(replica.port, "/ready") == 200
             _wait_attached(cluster, load)
