@@ -9,6 +9,7 @@ from gateway.connection import Connection
 from gateway.session_store import SessionStoreUnavailableError
 from gateway.state import RUNTIME, Runtime
 
+SESSION_HEADER = "X-Tokenwire-Session"
 JSON_SUBPROTOCOL = p.PROTOCOL  # "tokenwire.v1": lets a browser that offers bearer.KEY
 # also offer a protocol we can echo without echoing its key.
 
@@ -49,6 +50,9 @@ async def ws_handler(request: web.Request) -> web.WebSocketResponse:
         retry_s = str(max(1, -(-exc.retry_after_ms // 1000)))
         raise error_response(web.HTTPServiceUnavailable, str(exc), exc.code,
                              headers={"Retry-After": retry_s}) from None
+    # The 101 names the session, so a load balancer can learn which replica holds it
+    # (deploy/haproxy: a stick table) before the client reconnects with ?session_id=.
+    ws.headers[SESSION_HEADER] = live.id
     conn = None
     try:
         await ws.prepare(request)

@@ -9,25 +9,12 @@ from __future__ import annotations
 
 import aiohttp
 
-from loadtest.datasets import Prompt
+from loadtest.datasets import Prompt, request_params
 from loadtest.http_client import build_body, fetch_model, stream
 from loadtest.records import RequestRecord
+from loadtest.ws_client import ConnectFailed
 from loadtest.ws_client import WsConnection
-
-
-class ConnectFailed(Exception):
-    """A socket could not be opened; `code` is a protocol error code (overloaded, ...)."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(f"{code}: {message}")
-        self.code = code
-
-
-def request_params(prompt: Prompt, temperature: float, ignore_eos: bool) -> dict:
-    params = {"max_tokens": prompt.output_len, "temperature": temperature}
-    if ignore_eos:
-        params["ignore_eos"] = True
-    return params
+from loadtest.ws_session import WsSession
 
 
 def completion_prompt(prompt: Prompt) -> str | list[int]:
@@ -49,13 +36,13 @@ class WsBackend:
 
     async def start(self) -> None:
         self.http = aiohttp.ClientSession()
-        first = await self._connect()
+        first = await self.connect()
         self.model = first.hello.get("model")
         self._idle.append(first)
 
     async def complete(self, prompt: Prompt, record: RequestRecord) -> None:
         try:
-            conn = self._idle.pop() if self._idle else await self._connect()
+            conn = self._idle.pop() if self._idle else await self.connect()
         except ConnectFailed as exc:
             record.fail(exc.code, str(exc))
             return
@@ -68,8 +55,8 @@ class WsBackend:
         if record.error_code != "disconnected":
             self._idle.append(conn)
 
-    async def open_session(self) -> "WsSession":
-        return WsSession(self, await self._connect())
+    async def open_session(self) -> WsSession:
+        return WsSession(self, await self.connect())
 
     async def close(self) -> None:
         for conn in list(self._all):
@@ -77,30 +64,20 @@ class WsBackend:
         if self.http is not None:
             await self.http.close()
 
-    async def _connect(self) -> WsConnection:
+    async def connect(self, session_id: str | None = None) -> WsConnection:
+        """A new socket (resuming `session_id` when given), or ConnectFailed."""
         try:
             conn = await WsConnection.open(self.http, self.url, self.use_msgpack,
-                                           self.connect_timeout_s)
+                                           self.connect_timeout_s, session_id)
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
             raise ConnectFailed(_connect_code(exc), repr(exc)) from exc
         self._all.add(conn)
         return conn
 
-
-class WsSession:
-    """A multi-turn session on its own socket: each turn is a `chat` message."""
-
-    def __init__(self, backend: WsBackend, conn: WsConnection):
-        self.backend, self.conn = backend, conn
-
-    async def turn(self, prompt: Prompt, record: RequestRecord) -> None:
-        params = request_params(prompt, self.backend.temperature, self.backend.ignore_eos)
-        await self.conn.request({"type": "chat", "content": prompt.text, "params": params},
-                                record)
-
-    async def close(self) -> None:
-        self.backend._all.discard(self.conn)
-        await self.conn.close()
+    async def forget(self, conn: WsConnection) -> None:
+        """Close a socket the caller is done with."""
+        self._all.discard(conn)
+        await conn.close()
 
 
 class HttpBackend:

@@ -6,9 +6,12 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import random
+import signal
 import sys
+import threading
 
 from loadtest import datasets, server_metrics
 from loadtest.backends import HttpBackend, WsBackend
@@ -141,7 +144,13 @@ def run_loop(coro):
 
 
 async def _measure(runner: Runner, workload: dict, cfg: LoadTestConfig, scrape_metrics: bool):
-    """Run the workload, bracketed by /metrics scrapes when asked."""
+    """Run the workload, bracketed by /metrics scrapes when asked. SIGINT or SIGTERM
+    winds the run down (Runner.stop) and still reports (signals reach the main thread
+    only; run from another, the CLI keeps Python's own handling)."""
+    if threading.current_thread() is threading.main_thread():
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, runner.stop)
     if not scrape_metrics:
         return await runner.run(**workload), {}
     url = server_metrics.metrics_url(cfg.url)

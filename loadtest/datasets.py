@@ -26,6 +26,14 @@ class Prompt:
     token_ids: tuple[int, ...] | None = None
 
 
+def request_params(prompt: Prompt, temperature: float, ignore_eos: bool) -> dict:
+    """The protocol's `params` for one request of the workload."""
+    params = {"max_tokens": prompt.output_len, "temperature": temperature}
+    if ignore_eos:
+        params["ignore_eos"] = True
+    return params
+
+
 def sample_len(mean: int, range_ratio: float, rng: random.Random) -> int:
     """A length drawn uniformly from [mean*(1-r), mean*(1+r)], at least 1."""
     low = max(1, math.floor(mean * (1 - range_ratio)))

@@ -132,6 +132,8 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, t0: float,
         "max_output_tokens_per_s": max(series, default=0),
         "max_concurrent_requests": peak_concurrency(done),
         "output_tokens_per_s_series": series,
+        "retried_requests": sum(1 for r in records if r.retries),
+        "reconnects": sum(r.reconnects for r in records),
     }
     if slos_ms:
         good = sum(1 for r in done if is_good(r, slos_ms))

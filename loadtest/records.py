@@ -31,6 +31,8 @@ class RequestRecord:
     usage_cached_tokens: int | None = None
     server_ttft_ms: float | None = None
     server_queue_ms: float | None = None
+    retries: int = 0  # times the turn was sent again after `draining` or a lost socket
+    reconnects: int = 0  # sockets the session reopened before or during this turn
 
     def add_chunk(self, now: float, text: str, num_tokens: int) -> None:
         """A delta arrived at `now` carrying `text` and `num_tokens` tokens."""
@@ -47,6 +49,14 @@ class RequestRecord:
         self.success = finish_reason not in ("error", "cancelled")
         if self.success and self.ttft is None:
             self.ttft = self.latency  # nothing streamed: the answer came in one piece
+
+    def retry(self) -> None:
+        """Forget the failed attempt: the next one is measured from its own send."""
+        self.ttft = self.latency = self.finish_reason = None
+        self.error_code = self.error_message = None
+        self.chunk_times, self.chunk_tokens, self.text = [], [], ""
+        self.success = False
+        self.retries += 1
 
     def fail(self, code: str, message: str = "") -> None:
         """The request was refused or broke; `code` is the protocol's error code."""

@@ -31,6 +31,9 @@ def format_summary(result: dict, percentiles) -> str:
     if result["errors_by_code"]:
         codes = ", ".join(f"{k}={v}" for k, v in sorted(result["errors_by_code"].items()))
         lines.append(_row("Failures by code:", codes))
+    if result.get("dataset") == "sessions" or result.get("reconnects"):
+        lines += [_row("Reconnects (draining, lost socket):", result["reconnects"]),
+                  _row("Retried requests (then as reported):", result["retried_requests"])]
     lines += [
         _row("Maximum request concurrency:", result["max_concurrency"] or "unlimited"),
         _row("Request rate (req/s):", result["request_rate"]),

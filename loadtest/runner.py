@@ -40,6 +40,7 @@ class Runner:
         self.records: list[RequestRecord] = []
         self._limit = asyncio.Semaphore(cfg.max_concurrency or 1 << 30)
         self._rng = random.Random(cfg.seed + 1)  # arrivals draw apart from the dataset
+        self._stopping = False
         self._progress = tqdm(total=cfg.num_requests, disable=not show_progress,
                               unit="req", dynamic_ncols=True)
 
@@ -64,14 +65,23 @@ class Runner:
             await self.backend.close()
         return RunResult(self.records, t0, duration, self.backend.model)
 
+    def stop(self) -> None:
+        """Wind down (SIGINT): nothing new starts, sessions end after the turn in flight,
+        and the report covers what was sent."""
+        self._stopping = True
+
     async def _launch(self, items: list, worker, tasks: list[asyncio.Task]) -> None:
         index = 0
         async for item in paced(items, self.cfg.request_rate, self.cfg.burstiness, self._rng):
+            if self._stopping:
+                return
             tasks.append(asyncio.create_task(worker(index, item)))
             index += 1
 
     async def _one(self, index: int, prompt: Prompt) -> None:
         async with self._limit:
+            if self._stopping:
+                return
             record = self._new_record(prompt)
             await self.backend.complete(prompt, record)
             self._progress.update(1)
@@ -81,6 +91,8 @@ class Runner:
         try:
             session = await self.backend.open_session()
             for turn, prompt in enumerate(turns):
+                if self._stopping:
+                    break
                 async with self._limit:
                     record = self._new_record(prompt, session=index, turn=turn)
                     await session.turn(prompt, record)

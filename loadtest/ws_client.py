@@ -18,6 +18,14 @@ from loadtest.records import RequestRecord
 MSGPACK_PROTOCOL = "tokenwire.msgpack"
 
 
+class ConnectFailed(Exception):
+    """A socket could not be opened; `code` is a protocol error code (overloaded, ...)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
 class WsConnection:
     """One protocol v1 socket; `request()` sends a message and streams its reply into a record."""
 
@@ -25,16 +33,20 @@ class WsConnection:
         self.ws = ws
         self.hello = hello
         self.use_msgpack = use_msgpack
+        self.draining: dict | None = None  # the server's `draining` frame, once sent
+        self.closed = False  # the socket is gone: nothing more will arrive
         self._waiting: dict[str, asyncio.Queue] = {}
         self._ids = itertools.count()
         self._reader = asyncio.create_task(self._read_loop())
 
     @classmethod
     async def open(cls, http: aiohttp.ClientSession, url: str, use_msgpack: bool,
-                   timeout_s: float) -> "WsConnection":
+                   timeout_s: float, session_id: str | None = None) -> "WsConnection":
         protocols = (MSGPACK_PROTOCOL,) if use_msgpack else ()
-        ws = await http.ws_connect(url, protocols=protocols, timeout=aiohttp.ClientWSTimeout(
-            ws_receive=None, ws_close=5.0), max_msg_size=0, autoping=True)
+        params = {"session_id": session_id} if session_id else None
+        timeout = aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0)
+        ws = await http.ws_connect(url, protocols=protocols, params=params, timeout=timeout,
+                                   max_msg_size=0, autoping=True)
         if use_msgpack and ws.protocol != MSGPACK_PROTOCOL:
             await ws.close()
             raise ConnectionError("server did not accept the tokenwire.msgpack subprotocol")
@@ -83,9 +95,12 @@ class WsConnection:
                 queue = self._waiting.get(frame.get("id"))
                 if queue is not None:
                     queue.put_nowait((now, frame))
+                elif frame.get("type") == "draining":
+                    self.draining = frame
                 elif frame.get("type") == "error":
                     self._broadcast(now, frame)  # an error without id: every request failed
         finally:
+            self.closed = True
             self._broadcast(time.perf_counter(), {"type": "error", "code": "disconnected",
                                                   "message": "socket closed"})
 
