@@ -24,6 +24,7 @@ from gateway import openai_api
 from gateway.gate import Gate
 from gateway.config import GatewayConfig
 from gateway.metrics import GpuSampler, Metrics
+from gateway.realtime.route import realtime_handler
 from gateway.session_store import MemorySessionStore, SessionStore
 from gateway.sessions import SessionRegistry
 from gateway.state import RUNTIME, Runtime
@@ -57,6 +58,7 @@ def build_app(config: GatewayConfig, *, engine: AsyncEngine | None = None,
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/ws", ws_handler)
+    app.router.add_get("/v1/realtime", realtime_handler)
     app.router.add_get("/v1/models", openai_api.models)
     app.router.add_post("/v1/chat/completions", openai_api.chat_completions)
     app.router.add_post("/v1/completions", openai_api.completions)

@@ -26,7 +26,7 @@ class Stream:
     """
 
     __slots__ = ("id", "engine_id", "kind", "received", "admitted", "first_written",
-                 "last_written", "mailbox", "queued", "text_parts",
+                 "last_written", "mailbox", "queued", "last_delta_tokens", "text_parts",
                  "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason",
                  "error", "cancel_requested", "task")
 
@@ -40,6 +40,7 @@ class Stream:
         self.last_written: float | None = None
         self.mailbox = Mailbox()
         self.queued = False  # a delta entry of this stream waits in the outbox
+        self.last_delta_tokens = 0  # tokens in the delta frame taken last (for metrics)
         self.text_parts: list[str] = []
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -74,7 +75,11 @@ class Stream:
         delta = self.mailbox.take_delta()
         if delta is None:
             return None
-        return {"type": "delta", "id": self.id, "text": delta[0], "n": delta[1]}
+        self.last_delta_tokens = delta[1]
+        return self.delta_frame(*delta)
+
+    def delta_frame(self, text: str, n: int) -> dict:
+        return {"type": "delta", "id": self.id, "text": text, "n": n}
 
     def written(self, now: float) -> float | None:
         """Record a delta frame written; returns the gap since the previous one."""
