@@ -48,7 +48,9 @@ def build_app(config: GatewayConfig, *, engine: AsyncEngine | None = None,
     `on_ready` runs once the engine is ready (the entry point's process-wide settings)."""
     if (engine is None) == (engine_factory is None):
         raise ValueError("give exactly one of engine or engine_factory")
-    rt = _runtime(config, store or MemorySessionStore(), gpu_sampler, scheduler_config)
+    # `is None`, not `or`: an empty store has len() 0 and is falsy.
+    store = store if store is not None else MemorySessionStore()
+    rt = _runtime(config, store, gpu_sampler, scheduler_config)
     app = web.Application(client_max_size=config.max_message_bytes)
     app[RUNTIME] = rt
     app.cleanup_ctx.append(_lifecycle(engine, engine_factory, on_ready))
