@@ -4,6 +4,7 @@
     events.py       client events: msgspec schemas, decoding, RealtimeError
     server.py       server events as plain dicts (the shapes the SDKs parse)
     conversation.py the conversation's items over the tokenwire session's history
-    response.py     one response: its stream, its prompt, its closing events
+    prompt.py       the chat messages a response is generated from
+    response.py     one response: its stream and the events that open and close it
     connection.py   RealtimeConnection: the /v1/ws Connection with a realtime dispatcher
 """

@@ -17,7 +17,7 @@ import secrets
 from gateway.realtime.events import RealtimeError
 from gateway.sessions import LiveSession
 
-ROLES = ("system", "user", "assistant")
+MAX_ITEM_ID_CHARS = 64
 
 
 def new_id(prefix: str) -> str:
@@ -67,6 +67,9 @@ class Conversation:
                                 "its limit (max_conversation_items); delete some first",
                                 event_id)
         item_id = item_id or new_id("item")
+        if len(item_id) > MAX_ITEM_ID_CHARS:
+            raise RealtimeError("invalid_value", f"item.id: at most {MAX_ITEM_ID_CHARS} "
+                                "characters", event_id, param="item.id")
         if item_id in self._ids:
             raise RealtimeError("duplicate_id", f"item.id: {item_id[:64]!r} is already in "
                                 "the conversation", event_id, param="item.id")
@@ -96,7 +99,7 @@ class Conversation:
         if content_index != 0:
             raise RealtimeError("invalid_value", "content_index: items have one content "
                                 "part here (0)", event_id, param="content_index")
-        if end > len(message["content"]):
+        if not 0 <= end <= len(message["content"]):
             raise RealtimeError("invalid_value", f"audio_end_ms: the text has "
                                 f"{len(message['content'])} characters", event_id,
                                 param="audio_end_ms")

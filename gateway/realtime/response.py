@@ -66,7 +66,10 @@ class Response:
         details = None
         if status != "completed":
             reason = "client_cancelled" if self.client_cancelled else reason
-            details = {"type": status, "reason": reason, "error": self.error}
+            error = self.error
+            if error is None and stream.error:  # a drain's cut, an engine fault mid-stream
+                error = {"type": "server_error", "code": None, "message": stream.error}
+            details = {"type": status, "reason": reason, "error": error}
         text = stream.text
         item = server.item(self.item_id, "assistant", text,
                            "completed" if status == "completed" else "incomplete")

@@ -12,6 +12,7 @@ import pytest
 from realtime_helpers import (CLOSING_ORDER, RESPONSE_ORDER, connect, recv, recv_until, say,
                               text_of, types)
 
+BLOCK_SIZE = 16  # the engine's KV block: the prefix cache shares whole blocks only
 FAST = {"type": "realtime", "instructions": "Answer in one short sentence.",
         "max_output_tokens": 12, "temperature": 0}
 
@@ -27,7 +28,8 @@ async def scrape(base_url: str) -> str:
             return await r.text()
 
 
-async def test_session_update_then_two_turns_reuse_the_prefix_cache(base_url):
+async def test_session_update_then_two_turns_reuse_the_prefix_cache(server, base_url):
+    assert server.engine.core.config.block_size == BLOCK_SIZE
     async with connect(base_url) as conn:
         created = await recv(conn)
         assert created.type == "session.created" and created.session.id
@@ -37,7 +39,9 @@ async def test_session_update_then_two_turns_reuse_the_prefix_cache(base_url):
         assert updated.session.instructions == FAST["instructions"]
         assert updated.session.max_output_tokens == 12
 
-        events1, done1 = await say(conn, "What is the capital of France?")
+        events1, done1 = await say(conn, "Here are some European countries: France, Germany, "
+                                   "Italy, Spain, Portugal, Austria and Belgium. What is "
+                                   "the capital of France?")
         n = len(RESPONSE_ORDER)
         assert types(events1)[:n] == RESPONSE_ORDER
         deltas = types(events1)[n:].count("response.output_text.delta")
@@ -50,10 +54,13 @@ async def test_session_update_then_two_turns_reuse_the_prefix_cache(base_url):
 
         _, done2 = await say(conn, "And of Germany?")
         usage2 = done2.response.usage
-        # Turn 2's prompt holds turn 1 (question and reply), and its prefix is cached.
+        # Turn 2's prompt holds turn 1 (question and reply), and finds at least turn 1's
+        # whole prompt blocks in the prefix cache (more than the system prompt's).
         assert usage2.input_tokens > usage1.input_tokens + usage1.output_tokens
-        assert usage2.input_token_details.cached_tokens > 0
-        assert usage2.input_token_details.cached_tokens <= usage1.input_tokens + usage1.output_tokens
+        cached = usage2.input_token_details.cached_tokens
+        assert usage1.input_tokens >= 3 * BLOCK_SIZE
+        assert (usage1.input_tokens // BLOCK_SIZE) * BLOCK_SIZE <= cached
+        assert cached <= usage1.input_tokens + usage1.output_tokens
 
 
 async def test_cancel_mid_stream_ends_cancelled_and_frees_blocks(server, base_url):
