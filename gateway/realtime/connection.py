@@ -71,7 +71,8 @@ class RealtimeConnection(Connection):
                                          retry_after_ms=exc.retry_after_ms))
         except p.ProtocolError as exc:  # params validation, shared with /v1/ws
             message = exc.message.replace("params.max_tokens", "max_output_tokens")
-            self.outbox.put(server.error(exc.code, message.replace("params.", ""), event_id))
+            message = message.replace("params.", "")
+            self.outbox.put(server.error(exc.code, message, event_id, message.split(":")[0]))
         except OutboxFull:
             raise  # the reader closes the socket: its client is not reading
         except Exception:  # noqa: BLE001 - one event's fault must not close the socket

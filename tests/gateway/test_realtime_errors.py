@@ -55,7 +55,7 @@ async def user(ws, text: str) -> None:
     ({"type": "response.create", "event_id": "e1", "response": {"max_output_tokens": "x"}},
      "invalid_request", "response.max_output_tokens"),
     ({"type": "response.create", "event_id": "e1", "response": {"max_output_tokens": 10**6}},
-     "invalid_request", None),
+     "invalid_request", "max_output_tokens"),
     ({"type": "session.update", "event_id": "e1", "session": {"type": "realtime",
                                                              "audio": {}}},
      "unsupported", "session.audio"),
