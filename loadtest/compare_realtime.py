@@ -4,7 +4,9 @@
 Both sides send each prompt as one user message through the chat template (a /v1/ws
 `generate` with `messages`, a Realtime out-of-band response with that `input`), greedy,
 at the same concurrency; runs alternate between the two so load from other work on the
-box hits both alike, and the best run of each side is reported.
+box hits both alike, and the best run of each side is reported. The server runs without
+its prefix cache: both sides send the same prompts, and a run must not find the previous
+run's prefill done.
 
     python -m loadtest.compare_realtime --concurrency 16 --num-prompts 64 --repeat 3
 """
@@ -35,7 +37,7 @@ def compare(args: argparse.Namespace) -> dict:
     tokenizer = load_tokenizer(_tokenizer_spec(args.model))
     num_prompts = args.num_prompts or 4 * args.concurrency
     runs: dict[str, list[dict]] = {"ws": [], "realtime": []}
-    with ServerProcess(serve_args(args)) as server:
+    with ServerProcess(serve_args(args, "--no-prefix-caching")) as server:
         urls = {"ws": server.ws_url, "realtime": server.ws_url.replace("/v1/ws", "/v1/realtime")}
 
         def config(side: str, n: int) -> LoadTestConfig:
