@@ -58,7 +58,7 @@ async def test_session_update_then_two_turns_reuse_the_prefix_cache(server, base
         # whole prompt blocks in the prefix cache (more than the system prompt's).
         assert usage2.input_tokens > usage1.input_tokens + usage1.output_tokens
         cached = usage2.input_token_details.cached_tokens
-        assert usage1.input_tokens >= 3 * BLOCK_SIZE
+        assert usage1.input_tokens >= 2 * BLOCK_SIZE  # the system prompt fills less than one
         assert (usage1.input_tokens // BLOCK_SIZE) * BLOCK_SIZE <= cached
         assert cached <= usage1.input_tokens + usage1.output_tokens
 
