@@ -9,7 +9,7 @@ import json
 import aiohttp
 import pytest
 import websockets
-from realtime_helpers import connect, parse, recv, recv_until, say, types
+from realtime_helpers import connect, parse, recv, say
 from ws_helpers import open_ws, recv_type, recv_until as ws_recv_until
 
 from gateway.app import drain

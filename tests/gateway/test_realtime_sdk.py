@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 
 import aiohttp
-import pytest
 from realtime_helpers import (CLOSING_ORDER, RESPONSE_ORDER, connect, recv, recv_until, say,
                               text_of, types)
 
@@ -44,8 +43,9 @@ async def test_session_update_then_two_turns_reuse_the_prefix_cache(server, base
                                    "the capital of France?")
         n = len(RESPONSE_ORDER)
         assert types(events1)[:n] == RESPONSE_ORDER
-        deltas = types(events1)[n:].count("response.output_text.delta")
-        assert deltas > 0 and types(events1)[n:n + deltas] == ["response.output_text.delta"] * deltas
+        delta = "response.output_text.delta"
+        deltas = types(events1)[n:].count(delta)
+        assert deltas > 0 and types(events1)[n:n + deltas] == [delta] * deltas
         assert types(events1)[n + deltas:] == CLOSING_ORDER + [
             "conversation.item.added", "conversation.item.done", "response.done"]
         reply1 = text_of(events1)
