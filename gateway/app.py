@@ -24,6 +24,7 @@ from gateway import openai_api
 from gateway.gate import Gate
 from gateway.config import GatewayConfig
 from gateway.metrics import GpuSampler, Metrics
+from gateway.realtime.route import realtime_handler
 from gateway.session_store import MemorySessionStore, SessionStore
 from gateway.sessions import SessionRegistry
 from gateway.state import RUNTIME, Runtime
@@ -47,7 +48,7 @@ def build_app(config: GatewayConfig, *, engine: AsyncEngine | None = None,
     `on_ready` runs once the engine is ready (the entry point's process-wide settings)."""
     if (engine is None) == (engine_factory is None):
         raise ValueError("give exactly one of engine or engine_factory")
-    # Not `store or ...`: an empty store has len() 0, and would be replaced.
+    # `is None`, not `or`: an empty store has len() 0 and is falsy.
     store = store if store is not None else MemorySessionStore()
     rt = _runtime(config, store, gpu_sampler, scheduler_config)
     app = web.Application(client_max_size=config.max_message_bytes)
@@ -59,6 +60,7 @@ def build_app(config: GatewayConfig, *, engine: AsyncEngine | None = None,
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/ws", ws_handler)
+    app.router.add_get("/v1/realtime", realtime_handler)
     app.router.add_get("/v1/models", openai_api.models)
     app.router.add_post("/v1/chat/completions", openai_api.chat_completions)
     app.router.add_post("/v1/completions", openai_api.completions)

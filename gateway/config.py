@@ -34,6 +34,7 @@ class GatewayConfig:
     drain_timeout_s: float = 30.0  # in-flight turns get this long to finish on shutdown
     drain_grace_s: float = 1.0  # then cut streams end and sockets close within this
     reconnect_after_ms: int = 2000  # sent with `draining`
+    max_conversation_items: int = 1024  # items of one /v1/realtime conversation
     api_keys: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     instance_id: str = ""  # `hello.instance`: which replica answered; "": hostname:port
@@ -43,7 +44,8 @@ class GatewayConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigError("port", "must be in [0, 65535]")
         for name in ("max_message_bytes", "max_inflight_per_socket", "max_pending_frames",
-                     "max_tokens_cap", "default_max_tokens", "reconnect_after_ms", "max_choices"):
+                     "max_tokens_cap", "default_max_tokens", "reconnect_after_ms", "max_choices",
+                     "max_conversation_items"):
             _positive(name, getattr(self, name))
         for name in ("heartbeat_s", "send_timeout_s", "drain_timeout_s", "drain_grace_s"):
             if not getattr(self, name) > 0:

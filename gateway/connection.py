@@ -339,7 +339,7 @@ class Connection:
             stream.finish_reason = "cancelled"
             self.outbox.put_done(stream)
         except p.ProtocolError as exc:
-            self.outbox.put(exc.frame())
+            self.put_error(exc)
         except Exception as exc:  # noqa: BLE001 - a request's failure must not kill the socket
             self._request_failed(stream, exc)
         finally:
@@ -347,13 +347,17 @@ class Connection:
                 ticket.release(stream.completion_tokens, stream.finish_reason)
             self.streams.pop(stream.id, None)
 
+    def put_error(self, exc: p.ProtocolError) -> None:
+        """Queue the error frame of a refused request (other protocols shape it their way)."""
+        self.outbox.put(exc.frame())
+
     def _request_failed(self, stream: Stream, exc: Exception) -> None:
         code = exc.code if isinstance(exc, EngineError) else "internal"
         if code == "internal":
             log.error("request %s failed", stream.engine_id, exc_info=exc)
         if stream.first_written is None and not stream.queued:
             message = str(exc) if code != "internal" else "internal error"
-            self.outbox.put(p.ProtocolError(code, message, stream.id).frame())
+            self.put_error(p.ProtocolError(code, message, stream.id))
             return
         stream.finish_reason, stream.error = "error", "internal error"
         self.outbox.put_done(stream)

@@ -108,6 +108,6 @@ async def run_writer(ws: web.WebSocketResponse, codec: Codec, outbox: Outbox,
             return  # the reader sees the close and cleans up
         now = time.perf_counter()
         if kind == "delta":
-            metrics.observe_delta(item, frame["n"], now)
+            metrics.observe_delta(item, item.last_delta_tokens, now)
         elif kind == "done":
             metrics.observe_done(item, now)

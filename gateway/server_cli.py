@@ -74,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "sockets to close (default %(default)s)")
     g.add_argument("--reconnect-after", type=int, default=D.reconnect_after_ms,
                    help="milliseconds sent with `draining` (default %(default)s)")
+    g.add_argument("--max-conversation-items", type=int, default=D.max_conversation_items,
+                   help="items one /v1/realtime conversation may hold (default %(default)s)")
     s = parser.add_argument_group("auth and sessions")
     s.add_argument("--api-key", action="append", default=[], help="repeatable")
     s.add_argument("--api-key-file", help="one key per line; # starts a comment")
@@ -114,7 +116,9 @@ def gateway_config(args: argparse.Namespace, environ: dict) -> GatewayConfig:
         default_max_tokens=args.default_max_tokens, max_choices=args.max_choices,
         drain_timeout_s=args.drain_timeout,
         drain_grace_s=args.drain_grace,
-        reconnect_after_ms=args.reconnect_after, api_keys=tuple(_api_keys(args, environ)),
+        reconnect_after_ms=args.reconnect_after,
+        max_conversation_items=args.max_conversation_items,
+        api_keys=tuple(_api_keys(args, environ)),
         allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
         instance_id=args.instance_id)
 

@@ -27,7 +27,7 @@ class Stream:
     """
 
     __slots__ = ("id", "engine_id", "kind", "received", "admitted", "first_written",
-                 "last_written", "mailbox", "queued", "text_parts",
+                 "last_written", "mailbox", "queued", "last_delta_tokens", "text_parts",
                  "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason",
                  "error", "cancel_requested", "task", "logprob_entries")
 
@@ -41,6 +41,7 @@ class Stream:
         self.last_written: float | None = None
         self.mailbox = Mailbox()
         self.queued = False  # a delta entry of this stream waits in the outbox
+        self.last_delta_tokens = 0  # tokens in the delta frame taken last (for metrics)
         self.text_parts: list[str] = []
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -77,9 +78,13 @@ class Stream:
         delta = self.mailbox.take_delta()
         if delta is None:
             return None
-        frame = {"type": "delta", "id": self.id, "text": delta[0], "n": delta[1]}
+        self.last_delta_tokens = delta[1]
+        return self.delta_frame(*delta)
+
+    def delta_frame(self, text: str, n: int, logprobs: list | None) -> dict:
+        frame = {"type": "delta", "id": self.id, "text": text, "n": n}
         if self.logprob_entries is not None:
-            frame["logprobs"] = self.logprob_entries(delta[2] or [])
+            frame["logprobs"] = self.logprob_entries(logprobs or [])
         return frame
 
     def written(self, now: float) -> float | None:

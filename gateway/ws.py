@@ -1,4 +1,5 @@
-"""`GET /v1/ws`: checks before the upgrade, subprotocol choice, then one Connection."""
+"""`GET /v1/ws`: checks before the upgrade, subprotocol choice, then one Connection
+(`serve_socket` is shared with `GET /v1/realtime`)."""
 from __future__ import annotations
 
 from aiohttp import hdrs, web
@@ -31,13 +32,22 @@ def offered_subprotocols(request: web.Request) -> list[str]:
 
 async def ws_handler(request: web.Request) -> web.WebSocketResponse:
     rt = request.app[RUNTIME]
-    config = rt.config
-    check_origin(request, config)
+    check_origin(request, rt.config)
     offered = offered_subprotocols(request)
-    owner = authenticate(request, config, offered)
+    owner = authenticate(request, rt.config, offered)
     if not rt.ready:
-        raise _unavailable(rt)
+        raise unavailable(rt)
     chosen = choose_subprotocol(offered)
+    codec = p.Codec(binary=chosen == p.MSGPACK_SUBPROTOCOL)
+    return await serve_socket(request, rt, chosen, owner,
+                              lambda ws, live, resumed: Connection(rt, ws, codec, live, resumed))
+
+
+async def serve_socket(request: web.Request, rt: Runtime, chosen: str | None,
+                       owner: str | None, make_connection) -> web.WebSocketResponse:
+    """Upgrade with the gateway's socket limits, attach the session (`?session_id=`),
+    serve the connection `make_connection(ws, session, resumed)` builds until it closes."""
+    config = rt.config
     ws = web.WebSocketResponse(heartbeat=config.heartbeat_s,
                                receive_timeout=config.receive_timeout_s,
                                # aiohttp refuses a frame of exactly max_msg_size bytes;
@@ -56,7 +66,7 @@ async def ws_handler(request: web.Request) -> web.WebSocketResponse:
     conn = None
     try:
         await ws.prepare(request)
-        conn = Connection(rt, ws, p.Codec(binary=chosen == p.MSGPACK_SUBPROTOCOL), live, resumed)
+        conn = make_connection(ws, live, resumed)
         rt.connections.add(conn)
         rt.metrics.ws_active.inc()
         await conn.serve()
@@ -68,7 +78,7 @@ async def ws_handler(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
-def _unavailable(rt: Runtime) -> web.HTTPException:
+def unavailable(rt: Runtime) -> web.HTTPException:
     retry_s = max(1, rt.config.reconnect_after_ms // 1000)
     code = "draining" if rt.status == "draining" else "overloaded"
     return error_response(web.HTTPServiceUnavailable, f"not ready: {rt.reason}", code,

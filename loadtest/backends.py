@@ -70,7 +70,7 @@ class WsBackend:
             conn = await WsConnection.open(self.http, self.url, self.use_msgpack,
                                            self.connect_timeout_s, session_id)
         except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
-            raise ConnectFailed(_connect_code(exc), repr(exc)) from exc
+            raise ConnectFailed(connect_code(exc), repr(exc)) from exc
         self._all.add(conn)
         return conn
 
@@ -134,7 +134,7 @@ class HttpSession:
         pass
 
 
-def _connect_code(exc: BaseException) -> str:
+def connect_code(exc: BaseException) -> str:
     if isinstance(exc, aiohttp.WSServerHandshakeError):
         return {401: "unauthorized", 403: "unauthorized", 429: "rate_limited",
                 503: "overloaded"}.get(exc.status, f"http_{exc.status}")

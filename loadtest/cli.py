@@ -1,6 +1,7 @@
 """`tokenwire loadtest`: drive a running server over WebSocket (protocol v1) or OpenAI HTTP.
 
     tokenwire loadtest --url ws://127.0.0.1:8000/v1/ws --num-prompts 200 --request-rate 8
+    tokenwire loadtest --url ws://127.0.0.1:8000/v1/realtime --max-concurrency 16
     tokenwire loadtest --url http://127.0.0.1:8000/v1 --endpoint chat --dataset sessions
 """
 from __future__ import annotations
@@ -17,13 +18,15 @@ from loadtest import datasets, server_metrics
 from loadtest.backends import HttpBackend, WsBackend
 from loadtest.config import DATASETS, ENDPOINTS, LoadTestConfig
 from loadtest.metrics import parse_goodput, summarize
+from loadtest.realtime_client import RealtimeBackend
 from loadtest.report import format_summary, write_json
 from loadtest.runner import Runner
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = LoadTestConfig()
-    p.add_argument("--url", default=d.url, help="ws://HOST:PORT/v1/ws or http://HOST:PORT/v1")
+    p.add_argument("--url", default=d.url, help="ws://HOST:PORT/v1/ws, ws://HOST:PORT/v1/realtime "
+                   "or http://HOST:PORT/v1")
     p.add_argument("--endpoint", choices=ENDPOINTS, default=d.endpoint,
                    help="raw prompt (completions) or one user message (chat)")
     p.add_argument("--msgpack", action="store_true", help="WebSocket frames as msgpack")
@@ -98,6 +101,8 @@ def build_workload(cfg: LoadTestConfig, tokenizer) -> dict:
 
 
 def make_backend(cfg: LoadTestConfig):
+    if cfg.is_realtime:
+        return RealtimeBackend(cfg.url, cfg.temperature, cfg.connect_timeout)
     if cfg.is_websocket:
         return WsBackend(cfg.url, cfg.endpoint, cfg.use_msgpack, cfg.temperature,
                          cfg.ignore_eos, cfg.connect_timeout)
@@ -161,11 +166,12 @@ async def _measure(runner: Runner, workload: dict, cfg: LoadTestConfig, scrape_m
 
 def run_facts(cfg: LoadTestConfig, model: str | None) -> dict:
     rate = "inf" if math.isinf(cfg.request_rate) else cfg.request_rate
-    # Sessions always speak chat (WS `chat` turns, or /chat/completions over HTTP).
-    endpoint = "chat" if cfg.dataset == "sessions" else cfg.endpoint
+    # Sessions always speak chat (WS `chat` turns, or /chat/completions over HTTP), and so
+    # does the Realtime API.
+    endpoint = "chat" if cfg.dataset == "sessions" or cfg.is_realtime else cfg.endpoint
     return {"url": cfg.url, "endpoint": endpoint, "model": model,
-            "transport": "ws+msgpack" if cfg.use_msgpack else
-            ("ws" if cfg.is_websocket else "http"),
+            "transport": "realtime" if cfg.is_realtime else "ws+msgpack" if cfg.use_msgpack
+            else ("ws" if cfg.is_websocket else "http"),
             "dataset": cfg.dataset, "num_requests": cfg.num_requests, "request_rate": rate,
             "burstiness": cfg.burstiness, "max_concurrency": cfg.max_concurrency,
             "seed": cfg.seed, "percentiles": list(cfg.percentiles), "goodput_slos": cfg.goodput}

@@ -14,7 +14,8 @@ ENDPOINTS = ("completions", "chat")
 class LoadTestConfig:
     """What to drive, with which workload and arrival process, and what to report.
 
-    url: ws://HOST:PORT/v1/ws (protocol v1) or http://HOST:PORT/v1 (OpenAI-compatible).
+    url: ws://HOST:PORT/v1/ws (protocol v1), ws://HOST:PORT/v1/realtime (OpenAI Realtime,
+    text; always the chat template) or http://HOST:PORT/v1 (OpenAI-compatible).
     Non-loopback hosts are refused unless allow_remote: a load test is not for others' servers.
     """
 
@@ -69,11 +70,18 @@ class LoadTestConfig:
                "a positive integer")
         _check(self.duration is None or self.duration > 0, "duration", "positive seconds")
         _check(self.temperature >= 0, "temperature", ">= 0")
+        _check(not (self.is_realtime and (self.ignore_eos or self.use_msgpack)), "url",
+               "without --ignore-eos and --msgpack for /v1/realtime (the Realtime API has "
+               "neither)")
         _check(all(0 < p <= 100 for p in self.percentiles), "percentiles", "in (0, 100]")
 
     @property
     def is_websocket(self) -> bool:
         return self.url.startswith("ws")
+
+    @property
+    def is_realtime(self) -> bool:
+        return self.is_websocket and urlsplit(self.url).path.rstrip("/").endswith("/realtime")
 
     @property
     def num_requests(self) -> int:

@@ -8,6 +8,7 @@ with real clients (aiohttp, openai, wscat, Chromium) from their own event loops.
 from __future__ import annotations
 
 import asyncio
+import ssl as ssl_module
 import threading
 import time
 
@@ -53,24 +54,25 @@ class ServerThread:
 
     def start_app(self, scheduler: SchedulerConfig | None = None,
                   engine: AsyncEngine | None = None, store: SessionStore | None = None,
-                  **overrides) -> str:
+                  ssl: ssl_module.SSLContext | None = None, **overrides) -> str:
         """Serve a new app (GatewayConfig fields as keywords, admission limits in
         `scheduler`, the shared engine unless given one, sessions in `store`, else in
-        memory) on a free port; its base URL."""
+        memory; over TLS with `ssl`) on a free port; its base URL."""
         config = GatewayConfig(port=0, **{**FAST, **overrides})
-        return self.call(self._start_app(config, scheduler, engine or self.engine, store))
+        return self.call(self._start_app(config, scheduler, engine or self.engine, store, ssl))
 
     async def _start_app(self, config: GatewayConfig, scheduler: SchedulerConfig | None,
-                         engine: AsyncEngine, store: SessionStore | None) -> str:
+                         engine: AsyncEngine, store: SessionStore | None,
+                         ssl: ssl_module.SSLContext | None = None) -> str:
         # As `tokenwire serve` does: the startup heap frozen once the engine is ready.
         app = build_app(config, engine=engine, scheduler_config=scheduler, store=store,
                         on_ready=freeze_startup_heap)
         runner = make_runner(app, shutdown_timeout=1.0)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001 - port 0 chosen
-        url = f"http://127.0.0.1:{port}"
+        url = f"{'https' if ssl else 'http'}://127.0.0.1:{port}"
         self._runners[url], self.apps[url] = runner, app
         return url
 

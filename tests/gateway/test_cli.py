@@ -47,7 +47,7 @@ def test_every_gateway_field_has_a_flag():
                  "--max-inflight", "6", "--max-pending-frames", "8", "--max-tokens-cap", "99",
                  "--default-max-tokens", "9", "--drain-timeout", "10", "--drain-grace", "2",
                  "--reconnect-after", "11", "--max-choices", "12",
-                 "--instance-id", "replica-a",
+                 "--instance-id", "replica-a", "--max-conversation-items", "13",
                  "--api-key", "a", "--allowed-origins", "http://x, http://y")
     config = server_cli.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
     defaults = GatewayConfig()

@@ -48,3 +48,19 @@ def test_prefix_cache_comparison_serves_later_turns_from_cache_only_when_on(tmp_
     assert on["later_mean_cached_tokens"] >= 200 - 16
     assert report["ratio"] == off["later_mean_ttft_ms"] / on["later_mean_ttft_ms"]
     assert "off/on" in capsys.readouterr().out
+
+
+def test_realtime_vs_ws_runs_both_sides_on_one_server(tmp_path, capsys):
+    from loadtest.compare_realtime import main as compare_realtime
+
+    out = tmp_path / "realtime.json"
+    rc = compare_realtime([*TINY, "--concurrency", "2", "--num-prompts", "4",
+                           "--input-len", "16", "--output-len", "6", "--repeat", "2",
+                           "--result-json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert len(report["ws_output_tok_per_s"]) == len(report["realtime_output_tok_per_s"]) == 2
+    assert report["ws_output_tokens"] > 0 and report["realtime_output_tokens"] > 0
+    assert report["ratio"] == max(report["realtime_output_tok_per_s"]) / max(
+        report["ws_output_tok_per_s"])
+    assert "realtime/ws:" in capsys.readouterr().out

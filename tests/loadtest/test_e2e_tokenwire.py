@@ -100,3 +100,34 @@ def test_openai_http_completions_run_matches_server_metrics(tokenwire_url, tmp_p
     assert result["completed"] == 2 and result["model"] == "SmolLM2-135M-Instruct"
     assert result["output_lens"] == [5, 5]
     assert_agrees_with_server(before, after, result)
+
+
+def test_realtime_random_run_matches_server_metrics(tokenwire_url, tmp_path):
+    before = scrape(tokenwire_url)
+    result = run_loadtest(
+        tmp_path, "rt", "--url", tokenwire_url.replace("http", "ws") + "/v1/realtime",
+        "--num-prompts", "4", "--random-input-len", "16", "--random-output-len", "6",
+        "--max-concurrency", "4", "--scrape-metrics")
+    after = scrape(tokenwire_url)
+    assert result["transport"] == "realtime" and result["endpoint"] == "chat"
+    assert result["completed"] == 4 and result["failed"] == 0
+    assert result["model"] == "SmolLM2-135M-Instruct"
+    assert all(0 < n <= 6 for n in result["output_lens"])
+    # The same metrics as the other targets, and the server's own counts agree.
+    assert result["server"]["ttft_count"] == 4
+    assert result["mean_ttft_ms"] > 0 and result["output_throughput"] > 0
+    generated = after["tokenwire_generation_tokens_total"] - \
+        before["tokenwire_generation_tokens_total"]
+    assert generated == result["total_output_tokens"]
+    assert result["total_deltas"] <= result["total_output_tokens"]
+
+
+def test_realtime_sessions_show_prefix_cache_hits_on_later_turns(tokenwire_url, tmp_path):
+    result = run_loadtest(
+        tmp_path, "rt-sessions", "--url", tokenwire_url.replace("http", "ws") + "/v1/realtime",
+        "--dataset", "sessions", "--num-sessions", "2", "--turns", "2",
+        "--random-input-len", "24", "--random-output-len", "4")
+    assert result["completed"] == 4 and result["failed"] == 0
+    first, second = result["per_turn"]
+    assert second["mean_prompt_tokens"] > first["mean_prompt_tokens"]
+    assert second["mean_cached_tokens"] > first["mean_cached_tokens"]
