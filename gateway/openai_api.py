@@ -151,7 +151,10 @@ async def _outputs(rt: Runtime, prompt, params, stream: Stream, chat: bool):
     except EngineError as exc:
         if stream.first_written is not None or exc.code == "internal":
             raise
-        raise bad_request(str(exc), "messages" if chat else "prompt", code=exc.code) from None
+        param = "messages" if chat else "prompt"
+        if getattr(exc, "field", None) == "response_format":  # its schema did not compile
+            param = "response_format"
+        raise bad_request(str(exc), param, code=exc.code) from None
 
 
 async def _whole(rt: Runtime, prompt, params, stream: Stream, chat: bool) -> web.Response:
