@@ -98,8 +98,9 @@ class GrammarCompiler:
     def _release(self, reduced: dict, entry: _Entry) -> None:
         with self._lock:
             entry.waiters -= 1
-            if entry.waiters == 0 and entry.future.cancel():
-                self._cache.pop(grammar_key(reduced), None)
+            key = grammar_key(reduced)
+            if entry.waiters == 0 and entry.future.cancel() and self._cache.get(key) is entry:
+                del self._cache[key]
 
     def _build(self, reduced: dict) -> xgr.CompiledGrammar | str:
         """Runs on a pool thread. A schema xgrammar refuses becomes a message (cached like
