@@ -45,12 +45,12 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids, *, threads: int,
                  cache_size: int, timeout_s: float):
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=sorted(stop_token_ids))
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._vocabulary = (tokenizer, vocab_size, sorted(stop_token_ids))
+        self._compiler: xgr.GrammarCompiler | None = None  # built by the first compile
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="grammar-compile")
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
+        self._build_lock = threading.Lock()
         self.cache_size = cache_size
         self.timeout_s = timeout_s
         self.num_compiles = 0  # compiles started (cache misses)
@@ -108,9 +108,20 @@ class GrammarCompiler:
         schema = JSON_OBJECT_SCHEMA if reduced["type"] == "json_object" else reduced["schema"]
         try:
             # compact JSON: unbounded whitespace would let a model pad until max_tokens
-            return self._compiler.compile_json_schema(schema, any_whitespace=False)
+            return self._xgrammar().compile_json_schema(schema, any_whitespace=False)
         except Exception as exc:  # noqa: BLE001 - xgrammar reports bad schemas as RuntimeError
             return f"schema cannot be compiled: {str(exc).strip().splitlines()[-1]}"
+
+    def _xgrammar(self) -> xgr.GrammarCompiler:
+        """xgrammar's compiler over the vocabulary, built on first use (reading the
+        vocabulary takes a while; engines that never see a response_format skip it)."""
+        with self._build_lock:  # not _lock: the event loop must not wait on this
+            if self._compiler is None:
+                tokenizer, vocab_size, stop_ids = self._vocabulary
+                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                          stop_token_ids=stop_ids)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            return self._compiler
 
     def _timed_out(self) -> InvalidRequestError:
         return InvalidRequestError(FIELD, f"schema took longer than {self.timeout_s:g} s to "

@@ -10,7 +10,6 @@ import threading
 import jsonschema
 import pytest
 import torch
-import xgrammar as xgr
 
 from engine import LLM, SamplingParams
 from engine.errors import InvalidRequestError
@@ -19,7 +18,7 @@ from engine.request import Request
 from engine.response_format import grammar_key
 from loadtest.json_schemas import SCHEMAS, max_tokens_for
 
-from conftest import assert_all_blocks_free
+from tests.engine.conftest import assert_all_blocks_free
 
 ITEMS = dict(SCHEMAS)["items"]
 
