@@ -125,6 +125,7 @@ class AsyncEngine:
             self._wake.notify()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        self.core.grammars.shutdown()
         self._fail_all("engine stopped")  # nothing will ever step these requests again
 
     # -- requests -----------------------------------------------------------------------
@@ -139,11 +140,14 @@ class AsyncEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         prompt_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.core.validate(prompt_ids, params)
+        grammar = None
+        if params.response_format is not None:  # compiled on its pool, never on a loop
+            grammar = await self.core.grammars.compile_async(params.response_format)
         if request_id in self._collectors:
             raise InvalidRequestError("id", f"request {request_id!r} is already running")
         collector = _Collector()
         self._collectors[request_id] = collector
-        self._submit(("add", request_id, prompt_ids, params, parent_id))
+        self._submit(("add", request_id, prompt_ids, params, parent_id, grammar))
         finished = False
         try:
             while not finished:

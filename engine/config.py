@@ -46,6 +46,12 @@ class EngineConfig:
     # device or the engine is broken for good: the engine stops (and `serve` exits).
     max_consecutive_failed_steps: int = 3
     max_logprobs: int = 20  # most top alternatives a request may ask for per token
+    # Structured outputs: a schema whose grammar takes longer to compile is refused (400)
+    # (its compile still finishes on its pool thread and is cached); compiled grammars are
+    # kept by schema, the latest grammar_cache_size of them.
+    grammar_compile_timeout_s: float = 10.0
+    grammar_compile_threads: int = 1
+    grammar_cache_size: int = 256
 
     def __post_init__(self):
         _positive("block_size", self.block_size)
@@ -56,6 +62,10 @@ class EngineConfig:
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \
                 or self.max_logprobs < 0:
             raise ConfigError("max_logprobs", "must be a non-negative integer")
+        _positive("grammar_compile_threads", self.grammar_compile_threads)
+        _positive("grammar_cache_size", self.grammar_cache_size)
+        if not 0.0 < self.grammar_compile_timeout_s <= 3600.0:
+            raise ConfigError("grammar_compile_timeout_s", "must be in (0, 3600]")
         if self.num_kv_blocks is not None:
             _positive("num_kv_blocks", self.num_kv_blocks)
         if self.max_model_len is not None:

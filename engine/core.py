@@ -7,6 +7,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineDeadError, InvalidRequestError, PromptTooLongError
+from engine.grammar import GrammarCompiler, new_matcher
 from engine.host_memory import keep_freed_step_buffers
 from engine.loader import load_model
 from engine.logprobs import TokenLogprob
@@ -46,6 +47,10 @@ class EngineCore:
                                        config.max_num_batched_tokens,
                                        eos_token_ids=self.eos_token_ids,
                                        max_model_len=self.max_model_len)
+        self.grammars = GrammarCompiler(
+            self.tokenizer, self.runner.sample_vocab, self.eos_token_ids,
+            threads=config.grammar_compile_threads, cache_size=config.grammar_cache_size,
+            timeout_s=config.grammar_compile_timeout_s)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.pending: list[RequestOutput] = []
@@ -85,9 +90,12 @@ class EngineCore:
                 f"{self.max_model_len} including at least one generated token")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams, parent_id: str | None = None) -> None:
+                    params: SamplingParams, parent_id: str | None = None,
+                    grammar=None) -> None:
         """Queue a request. `parent_id` names another sample of the same prompt (`n > 1`):
-        while that one lives, this one shares its prompt's KV blocks instead of a prefill."""
+        while that one lives, this one shares its prompt's KV blocks instead of a prefill.
+        `grammar`: the compiled response_format (AsyncEngine compiles it off this thread);
+        compiled here, blocking, when a constrained request comes without one."""
         self.validate(prompt_token_ids, params)
         if request_id in self.requests:
             raise InvalidRequestError("id", f"request {request_id!r} is already running")
@@ -95,6 +103,8 @@ class EngineCore:
         parent = self.requests.get(parent_id) if parent_id is not None else None
         if parent is not None and parent.prompt_token_ids != request.prompt_token_ids:
             parent = None
+        if params.response_format is not None:
+            request.grammar = new_matcher(grammar or self.grammars.compile(params.response_format))
         self.requests[request_id] = request
         self.detokenizers[request_id] = IncrementalDetokenizer(
             self.tokenizer, request.prompt_token_ids, params.stop)

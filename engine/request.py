@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.sampling_params import SamplingParams
 
@@ -37,6 +38,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    # xgrammar's matcher of a structured-output request: it has accepted exactly the
+    # output tokens (never re-fed when a preempted request is recomputed)
+    grammar: Any = None
 
     def __post_init__(self):
         self.all_token_ids = list(self.prompt_token_ids)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.grammar import TokenMasks
 from engine.logprobs import LogprobRows, TokenLogprob
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -26,12 +27,16 @@ class Sampler:
         self.base_seed = base_seed
         self._generators: dict[str, torch.Generator] = {}
         self._unseeded = 0
+        self._masks = TokenMasks()
 
     def sample(self, logits: torch.Tensor, requests: list[Request]
                ) -> tuple[list[int], list[TokenLogprob | None]]:
         """One token per row, and its log-probabilities for the rows that ask for them
-        (taken from the raw logits, before anything below changes them)."""
+        (taken from the raw logits, before the grammar mask or anything below changes them)."""
         logprobs = LogprobRows(logits, requests)
+        constrained = [i for i, r in enumerate(requests) if r.grammar is not None]
+        if constrained:  # structured outputs: forbidden tokens -> -inf, before any choice
+            self._masks.apply(logits, constrained, [requests[i].grammar for i in constrained])
         tokens = logits.argmax(dim=-1)
         rows = [i for i, r in enumerate(requests)
                 if not (r.params.greedy and not r.params.has_penalties)]

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from engine.errors import InvalidRequestError
+from engine.response_format import reduce_response_format
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -15,7 +16,8 @@ class SamplingParams:
     """Settings of one request, the same fields as the WebSocket `params` object.
 
     temperature 0 means greedy. `seed` makes sampling reproducible per request.
-    `stop` strings end the request and never appear in its text.
+    `stop` strings end the request and never appear in its text. `response_format` is
+    OpenAI's (text, json_object, json_schema), kept in its reduced form (None for text).
     """
 
     max_tokens: int = 256
@@ -33,6 +35,7 @@ class SamplingParams:
     priority: int = 0
     # None: no log-probabilities; k: each token's, with its k most likely alternatives
     logprobs: int | None = None
+    response_format: dict | None = None
 
     def __post_init__(self):
         self.stop = _as_list(self.stop, "stop", "must be a string or a list of strings",
@@ -43,6 +46,7 @@ class SamplingParams:
             self.top_k = 0
         _check_types(self)
         _check_ranges(self)
+        self.response_format = reduce_response_format(self.response_format)
 
     @property
     def greedy(self) -> bool:

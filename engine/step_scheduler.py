@@ -161,6 +161,11 @@ class StepScheduler:
 
     def _check_stop(self, request: Request, token: int) -> str | None:
         params = request.params
+        if request.grammar is not None:  # the sampler's mask allowed only accepted tokens
+            if not request.grammar.accept_token(token):
+                return "error"
+            if request.grammar.is_terminated():
+                return "stop"
         if token in params.stop_token_ids or (token in self.eos_token_ids
                                                and not params.ignore_eos):
             return "stop"

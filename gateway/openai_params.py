@@ -22,8 +22,6 @@ def _given(value) -> bool:  # where even an empty object asks for something
 # field -> (is the given value refused?, why): what the engine cannot do.
 _COMMON_REFUSED = {
     "logit_bias": (_set, "logit bias is not supported"),
-    "response_format": (lambda v: _set(v) and v != {"type": "text"},
-                        "only {\"type\": \"text\"} is supported"),
 }
 _CHAT_REFUSED = {
     "audio": (_given, "audio output is not supported"),

@@ -61,8 +61,10 @@ async def _outputs(job: Job):
     except EngineError as exc:
         if job.stream.first_written is not None or exc.code == "internal":
             raise
-        raise bad_request(str(exc), "messages" if job.chat else "prompt",
-                          code=exc.code) from None
+        param = "messages" if job.chat else "prompt"
+        if getattr(exc, "field", None) == "response_format":  # its schema did not compile
+            param = "response_format"
+        raise bad_request(str(exc), param, code=exc.code) from None
 
 
 async def whole(job: Job) -> web.Response:

@@ -8,12 +8,29 @@ Both steps name the field; either failure is an `invalid_request` ProtocolError.
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from engine.errors import InvalidRequestError
 from engine.sampling_params import SamplingParams
 from gateway.config import GatewayConfig
 from gateway.protocol import ProtocolError, field_message
+
+
+class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
+    """OpenAI's `response_format.json_schema`; `strict` is accepted either way: the
+    grammar always enforces the schema."""
+
+    name: str
+    schema: dict | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class WireParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -34,6 +51,7 @@ class WireParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ignore_eos: bool | None = None
     priority: int | None = None
     logprobs: int | None = None  # top alternatives per token (0..max_logprobs); None: off
+    response_format: ResponseFormat | None = None
 
 
 PARAM_FIELDS = WireParams.__struct_fields__
@@ -50,7 +68,8 @@ def build_params(config: GatewayConfig, *layers: dict | None,
         merged.update(layer or {})
     try:
         wire = msgspec.convert(merged, WireParams)
-        given = {k: v for k, v in msgspec.structs.asdict(wire).items() if v is not None}
+        given = {k: msgspec.to_builtins(v)  # response_format: a plain dict for the engine
+                 for k, v in msgspec.structs.asdict(wire).items() if v is not None}
         params = SamplingParams(**{"max_tokens": config.default_max_tokens, **given})
     except msgspec.ValidationError as exc:
         raise _refused(field_message(exc), request_id) from None

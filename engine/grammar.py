@@ -1,0 +1,163 @@
+"""Structured outputs with xgrammar: compiled grammars, per-request matchers, token masks.
+
+    response_format (reduced) --key--> cache --miss--> compile pool --> CompiledGrammar
+                                       (LRU, errors too)  (bounded wait; runs off the event
+                                                           loop and off the engine loop)
+    add_request:  request.grammar = GrammarMatcher(compiled)
+    each step:    sampler fills the bitmask rows of constrained requests and applies them
+                  to those rows of the logits only (xgrammar's CPU kernel / Triton on CUDA)
+    book a token: matcher.accept_token(token); a terminated grammar finishes with `stop`
+
+The tokenizer info is built for the width of the logits the sampler sees, so the bitmask
+and the logits always agree on the vocabulary (a padded embedding's extra rows are never
+sampled anyway).
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import torch
+import xgrammar as xgr
+
+from engine.errors import InvalidRequestError
+from engine.response_format import FIELD, grammar_key
+
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+class _Entry:
+    """One cached compile: its future and how many callers wait on it now."""
+
+    __slots__ = ("future", "waiters")
+
+    def __init__(self, future: Future):
+        self.future = future
+        self.waiters = 0
+
+
+class GrammarCompiler:
+    """Compiles reduced response formats for one tokenizer on `threads` worker threads,
+    keeping the latest `cache_size` results (refusals too) by canonical schema."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids, *, threads: int,
+                 cache_size: int, timeout_s: float):
+        self._vocabulary = (tokenizer, vocab_size, sorted(stop_token_ids))
+        self._compiler: xgr.GrammarCompiler | None = None  # built by the first compile
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="grammar-compile")
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self._build_lock = threading.Lock()
+        self.cache_size = cache_size
+        self.timeout_s = timeout_s
+        self.num_compiles = 0  # compiles started (cache misses)
+
+    async def compile_async(self, reduced: dict) -> xgr.CompiledGrammar:
+        """The compiled grammar, awaited without blocking the event loop. A caller that is
+        cancelled before its compile started withdraws it (when nobody else waits)."""
+        entry = self._acquire(reduced)
+        try:
+            waiter = asyncio.shield(asyncio.wrap_future(entry.future))
+            result = await asyncio.wait_for(waiter, self.timeout_s)
+        except TimeoutError:
+            raise self._timed_out() from None
+        finally:
+            self._release(reduced, entry)
+        return _unwrap(result)
+
+    def compile(self, reduced: dict) -> xgr.CompiledGrammar:
+        """The same, blocking (the offline LLM path)."""
+        entry = self._acquire(reduced)
+        try:
+            return _unwrap(entry.future.result(self.timeout_s))
+        except FutureTimeout:
+            raise self._timed_out() from None
+        finally:
+            self._release(reduced, entry)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _acquire(self, reduced: dict) -> _Entry:
+        key = grammar_key(reduced)
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is None or entry.future.cancelled():
+                entry = _Entry(self._pool.submit(self._build, reduced))
+                self._cache[key] = entry
+                self.num_compiles += 1
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+            self._cache.move_to_end(key)
+            entry.waiters += 1
+            return entry
+
+    def _release(self, reduced: dict, entry: _Entry) -> None:
+        with self._lock:
+            entry.waiters -= 1
+            key = grammar_key(reduced)
+            if entry.waiters == 0 and entry.future.cancel() and self._cache.get(key) is entry:
+                del self._cache[key]
+
+    def _build(self, reduced: dict) -> xgr.CompiledGrammar | str:
+        """Runs on a pool thread. A schema xgrammar refuses becomes a message (cached like
+        a grammar, so a client retrying a bad schema costs no second compile)."""
+        schema = JSON_OBJECT_SCHEMA if reduced["type"] == "json_object" else reduced["schema"]
+        try:
+            # compact JSON: unbounded whitespace would let a model pad until max_tokens
+            return self._xgrammar().compile_json_schema(schema, any_whitespace=False)
+        except Exception as exc:  # noqa: BLE001 - xgrammar reports bad schemas as RuntimeError
+            return f"schema cannot be compiled: {str(exc).strip().splitlines()[-1]}"
+
+    def _xgrammar(self) -> xgr.GrammarCompiler:
+        """xgrammar's compiler over the vocabulary, built on first use (reading the
+        vocabulary takes a while; engines that never see a response_format skip it)."""
+        with self._build_lock:  # not _lock: the event loop must not wait on this
+            if self._compiler is None:
+                tokenizer, vocab_size, stop_ids = self._vocabulary
+                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                          stop_token_ids=stop_ids)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            return self._compiler
+
+    def _timed_out(self) -> InvalidRequestError:
+        return InvalidRequestError(FIELD, f"schema took longer than {self.timeout_s:g} s to "
+                                   "compile (grammar_compile_timeout_s)")
+
+
+def _unwrap(result: xgr.CompiledGrammar | str) -> xgr.CompiledGrammar:
+    if isinstance(result, str):
+        raise InvalidRequestError(FIELD, result)
+    return result
+
+
+def new_matcher(compiled: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
+    return xgr.GrammarMatcher(compiled)
+
+
+class TokenMasks:
+    """One step's token bitmask [N, ceil(V/32)] int32: rows of constrained requests are
+    filled by their matchers and applied to the same rows of the logits; other rows are
+    neither filled nor touched. The host buffer is reused across steps (pinned on CUDA,
+    so the copy does not wait; the step's single host sync orders reuse)."""
+
+    def __init__(self):
+        self._host: torch.Tensor | None = None
+
+    def apply(self, logits: torch.Tensor, rows: list[int], matchers: list) -> None:
+        """logits [N, V] masked in place at `rows` (the tokens `matchers` forbid -> -inf)."""
+        host = self._buffer(*xgr.get_bitmask_shape(logits.shape[0], logits.shape[1]),
+                            logits.device)
+        for row, matcher in zip(rows, matchers):
+            matcher.fill_next_token_bitmask(host, row)
+        mask = host[:logits.shape[0]].to(logits.device, non_blocking=True)
+        xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=logits.shape[1], indices=rows)
+
+    def _buffer(self, batch: int, width: int, device: torch.device) -> torch.Tensor:
+        if self._host is None or self._host.shape[0] < batch or self._host.shape[1] != width:
+            pinned = device.type == "cuda"
+            self._host = torch.empty((batch, width), dtype=torch.int32, pin_memory=pinned)
+        return self._host

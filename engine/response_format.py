@@ -1,0 +1,47 @@
+"""`response_format` as OpenAI spells it, checked and reduced to what the grammar needs.
+
+    {"type": "text"}                                   -> None (unconstrained)
+    {"type": "json_object"}                            -> {"type": "json_object"}
+    {"type": "json_schema", "json_schema": {"name", "schema", "strict"?, "description"?}}
+                                                       -> {"type": "json_schema", "schema": {...}}
+
+The reduced form is the grammar cache's key (as canonical JSON): two requests that differ
+only in `name`, `description` or `strict` share one compiled grammar. Torch-free.
+"""
+from __future__ import annotations
+
+import json
+
+from engine.errors import InvalidRequestError
+
+FIELD = "response_format"
+_TYPES = ("text", "json_object", "json_schema")
+
+
+def reduce_response_format(value) -> dict | None:
+    """The constraint a response_format asks for, None for plain text; else an
+    InvalidRequestError naming `response_format`."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in _TYPES:
+        raise InvalidRequestError(FIELD, f"must be an object with type one of {list(_TYPES)}")
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise InvalidRequestError(FIELD, "json_schema.schema: required, a JSON Schema object")
+    if not isinstance(spec.get("name", ""), str) or not isinstance(spec.get("strict", False),
+                                                                    (bool, type(None))):
+        raise InvalidRequestError(FIELD, "json_schema: name must be a string, strict a boolean")
+    return {"type": "json_schema", "schema": spec["schema"]}
+
+
+def grammar_key(reduced: dict) -> str:
+    """Canonical JSON of a reduced response_format: equal schemas, equal keys."""
+    try:
+        return json.dumps(reduced, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(FIELD, f"schema is not JSON: {exc}") from None
