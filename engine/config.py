@@ -8,9 +8,19 @@ import torch
 
 from engine.errors import ConfigError
 
-# The KV pool's cap on CPU when kv_cache_max_bytes is None: the pool is allocated whole at
-# start, and on CPU it competes with the rest of the host's memory.
+# The KV pool on CPU when kv_cache_max_bytes is None: room for one sequence of the whole
+# context (max_model_len), but at least the MIN and at most the MAX. The pool is allocated
+# whole at start and on CPU competes with the rest of the host's memory, so it is sized for
+# what the model needs, not for what is free: 360 MiB for SmolLM2-135M's 8192 tokens
+# (~8,000 tokens: 32 streams of 256), instead of a flat 1 GiB.
+CPU_KV_CACHE_MIN_BYTES = 256 << 20
 CPU_KV_CACHE_MAX_BYTES = 1 << 30
+
+
+def cpu_kv_cache_bytes(bytes_per_token: int, max_model_len: int) -> int:
+    """The CPU pool's default size (see above)."""
+    one_sequence = bytes_per_token * max_model_len
+    return min(CPU_KV_CACHE_MAX_BYTES, max(CPU_KV_CACHE_MIN_BYTES, one_sequence))
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,7 +40,7 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_memory_fraction: float = 0.85
-    kv_cache_max_bytes: int | None = None  # None: 1 GiB on CPU, no cap on CUDA
+    kv_cache_max_bytes: int | None = None  # None: cpu_kv_cache_bytes on CPU, no cap on CUDA
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's own, <= 32768; never past its window

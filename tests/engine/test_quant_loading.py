@@ -6,6 +6,7 @@ import torch
 from safetensors import safe_open
 
 import kernels.cpu as cpu_kernels
+from engine.config import cpu_kv_cache_bytes
 from engine.loader import default_model_dir, load_model
 from engine.quant.linear import QuantLinear
 from engine.quant.weights import QuantWeight
@@ -49,3 +50,13 @@ def test_engine_runs_the_packed_blocks(llm):
     for layer in model.layers:
         for proj in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
             assert isinstance(proj, QuantLinear) and proj.weight.fmt == "Q4_1"
+
+
+def test_cpu_kv_pool_holds_one_full_context(llm):
+    """The default CPU pool: one max_model_len sequence (SmolLM2: 8192 tokens, 360 MiB),
+    not the flat 1 GiB that took most of the server's memory."""
+    core = llm.core
+    per_token = core.runner.kv_bytes_per_block(core.model_config) // core.config.block_size
+    pool = core.runner.num_blocks * core.config.block_size
+    assert core.max_model_len == 8192 and pool * per_token <= cpu_kv_cache_bytes(per_token, 8192)
+    assert 8192 <= pool < 8192 + core.config.block_size
