@@ -50,6 +50,10 @@ class EngineConfig:
     attention_backend: str = "auto"
     use_cuda_graph: bool = True
     cuda_graph_max_batch: int = 512
+    # "int8" | "int4": a safetensors or dummy model's matrices quantized at load into the
+    # packed CPU kernels' blocks (engine.quant; CPU fp32 only). The default model is
+    # already quantized (its GGUF's Q4_1) and keeps that.
+    quantization: str | None = None
     cpu_weight_prepack: bool = True  # CPU fp32: weights packed at load (C++ matmul, else oneDNN)
     seed: int = 0
     # A failed step ends only its own requests; this many failed steps in a row mean the
@@ -70,6 +74,11 @@ class EngineConfig:
             raise ConfigError("kv_memory_fraction", "must be in (0, 1]")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ConfigError("dtype", f"must be auto or one of {sorted(_DTYPES)}")
+        if self.quantization is not None and self.quantization not in ("int8", "int4"):
+            raise ConfigError("quantization", "must be int8 or int4")
+        if self.quantization is not None and (self.resolved_device().type != "cpu"
+                                              or self.resolved_dtype() != torch.float32):
+            raise ConfigError("quantization", "runs on CPU in float32 only")
         if self.attention_backend not in ("auto", "torch", "triton", "cpu"):
             raise ConfigError("attention_backend", "must be auto, torch, triton or cpu")
         if self.attention_backend == "cpu" and self.resolved_device().type != "cpu":

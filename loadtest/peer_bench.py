@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from loadtest.config import LoadTestConfig
 from loadtest.llama_server import LlamaServer, find_llama_server
 from loadtest.server_process import ServerProcess
 
 PEERS = ("llama.cpp",)
+RSS_SETTLE_S = 3.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,6 +87,9 @@ def drive(url: str, pid: int, levels: list[int], args) -> dict:
                            "mean_tpot_ms": s["mean_tpot_ms"],
                            "output_tok_per_s": s["output_throughput"]}
                 print(f"  c={c}: {rows[c]}", file=sys.stderr)
+    # Read after a few idle seconds: the server's memory once the burst is over (tokenwire
+    # hands freed step buffers back after 1 s idle; llama-server keeps what it has).
+    time.sleep(RSS_SETTLE_S)
     return {"rows": rows, "rss_mib": psutil.Process(pid).memory_info().rss / 2**20}
 
 
