@@ -24,10 +24,15 @@ from collections.abc import AsyncIterator, Sequence
 from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError
+from engine.host_memory import release_free_heap
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+# Seconds a CPU engine waits idle before handing freed heap back (a request arriving sooner
+# reuses it, as the steps of a burst do).
+IDLE_TRIM_S = 1.0
 
 
 class _Collector:
@@ -72,6 +77,8 @@ class AsyncEngine:
         self._died = asyncio.Event()  # set on the event loop once the loop has died
         self._ids = itertools.count()
         self._stats = self.core.stats()
+        self._on_cpu = self.core.config.resolved_device().type == "cpu"
+        self._trim_due = self._on_cpu  # the load and warm-up's buffers too
 
     # -- properties the gateway needs ---------------------------------------------------
     @property
@@ -180,15 +187,21 @@ class AsyncEngine:
                     self._stats = self.core.stats()
                 if outputs:
                     self._loop.call_soon_threadsafe(self._dispatch, outputs)
+                self._trim_due = self._on_cpu
         except BaseException as exc:  # noqa: BLE001 - the loop must report, not vanish
             log.critical("engine is dead: %s", exc, exc_info=exc)
             self._dead = exc
             self._loop.call_soon_threadsafe(self._on_death, f"engine is dead: {exc}")
 
     def _wait_for_work(self) -> bool:
+        """Blocks until there is work; a CPU engine idle for IDLE_TRIM_S after a step
+        hands its freed step buffers back to the OS once (engine.host_memory)."""
         with self._wake:
             while not self._stopping and not self._inbox and not self.core.has_work():
-                self._wake.wait()
+                timeout = IDLE_TRIM_S if self._trim_due else None
+                if not self._wake.wait(timeout) and self._trim_due:
+                    self._trim_due = False
+                    release_free_heap()
             return not self._stopping
 
     def _apply_inbox(self) -> None:

@@ -8,9 +8,19 @@ import torch
 
 from engine.errors import ConfigError
 
-# The KV pool's cap on CPU when kv_cache_max_bytes is None: the pool is allocated whole at
-# start, and on CPU it competes with the rest of the host's memory.
+# The KV pool on CPU when kv_cache_max_bytes is None: room for one sequence of the whole
+# context (max_model_len), but at least the MIN and at most the MAX. The pool is allocated
+# whole at start and on CPU competes with the rest of the host's memory, so it is sized for
+# what the model needs, not for what is free: 360 MiB for SmolLM2-135M's 8192 tokens
+# (~8,000 tokens: 32 streams of 256), instead of a flat 1 GiB.
+CPU_KV_CACHE_MIN_BYTES = 256 << 20
 CPU_KV_CACHE_MAX_BYTES = 1 << 30
+
+
+def cpu_kv_cache_bytes(bytes_per_token: int, max_model_len: int) -> int:
+    """The CPU pool's default size (see above)."""
+    one_sequence = bytes_per_token * max_model_len
+    return min(CPU_KV_CACHE_MAX_BYTES, max(CPU_KV_CACHE_MIN_BYTES, one_sequence))
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,7 +40,7 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_memory_fraction: float = 0.85
-    kv_cache_max_bytes: int | None = None  # None: 1 GiB on CPU, no cap on CUDA
+    kv_cache_max_bytes: int | None = None  # None: cpu_kv_cache_bytes on CPU, no cap on CUDA
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's own, <= 32768; never past its window
@@ -40,6 +50,10 @@ class EngineConfig:
     attention_backend: str = "auto"
     use_cuda_graph: bool = True
     cuda_graph_max_batch: int = 512
+    # "int8" | "int4": a safetensors or dummy model's matrices quantized at load into the
+    # packed CPU kernels' blocks (engine.quant; CPU fp32 only). The default model is
+    # already quantized (its GGUF's Q4_1) and keeps that.
+    quantization: str | None = None
     cpu_weight_prepack: bool = True  # CPU fp32: weights packed at load (C++ matmul, else oneDNN)
     seed: int = 0
     # A failed step ends only its own requests; this many failed steps in a row mean the
@@ -74,6 +88,11 @@ class EngineConfig:
             raise ConfigError("kv_memory_fraction", "must be in (0, 1]")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ConfigError("dtype", f"must be auto or one of {sorted(_DTYPES)}")
+        if self.quantization is not None and self.quantization not in ("int8", "int4"):
+            raise ConfigError("quantization", "must be int8 or int4")
+        if self.quantization is not None and (self.resolved_device().type != "cpu"
+                                              or self.resolved_dtype() != torch.float32):
+            raise ConfigError("quantization", "runs on CPU in float32 only")
         if self.attention_backend not in ("auto", "torch", "triton", "cpu"):
             raise ConfigError("attention_backend", "must be auto, torch, triton or cpu")
         if self.attention_backend == "cpu" and self.resolved_device().type != "cpu":

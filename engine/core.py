@@ -29,7 +29,7 @@ class EngineCore:
     def __init__(self, config: EngineConfig):
         self.config = config
         loaded = load_model(config.model, config.resolved_device(), config.resolved_dtype(),
-                            config.seed)
+                            config.seed, config.quantization)
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
         self.model_name = loaded.name

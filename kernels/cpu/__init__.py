@@ -1,10 +1,10 @@
 """C++ CPU kernels for fp32 (ops.cpp: decode attention and pointwise ops; linear.cpp: the
 projections' matmul on packed weights; prefill_attention.cpp: prefill/extend attention),
-built with torch's extension loader at first use and cached (TORCH_EXTENSIONS_DIR,
-default ~/.cache/torch_extensions).
+and the weight-only quantized matmul (quant_*.cpp), built with torch's extension loader at
+first use and cached (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).
 
-`load()` returns the built module, or None where it cannot be built (no C++ compiler or
-ninja): callers then keep the plain-torch path, which computes the same thing.
+`load()` and `load_quant()` return the built module, or None where it cannot be built (no
+C++ compiler or ninja): callers then keep the plain-torch path, which computes the same thing.
 """
 from __future__ import annotations
 
@@ -24,6 +24,17 @@ ATTENTION_HEAD_DIMS = (64, 128)
 # (glibc's vector math) and reorder sums; it is a compile flag only, so the library does
 # not switch the process to flush-to-zero when it loads.
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+
+
+QUANT_SOURCES = [os.path.join(os.path.dirname(__file__), name)
+                 for name in ("quant_linear.cpp", "quant_isa_portable.cpp",
+                              "quant_isa_avx2.cpp", "quant_isa_avx512.cpp")]
+# No -march: each quant_isa_*.cpp names its own instruction set, the binding picks one at
+# run time, so one build serves every x86-64 CPU and the smaller sets can be tested here.
+QUANT_FLAGS = ["-O3", "-fopenmp", "-Wno-psabi"]
+# The quantized kernels' instruction sets (quant_kernels.h's Isa).
+QUANT_ISAS = {"portable": 0, "avx2": 1, "avx512": 2}
+QUANT_ISA_ENV = "TOKENWIRE_CPU_QUANT_ISA"
 
 
 @functools.cache
@@ -47,3 +58,26 @@ def _cpu_id() -> str:
     except OSError:
         flags = ""
     return hashlib.sha1((platform.machine() + flags).encode()).hexdigest()[:10]
+
+
+@functools.cache
+def load_quant():
+    """The compiled quantized-matmul module, or None (logged) if it cannot be built."""
+    try:
+        from torch.utils import cpp_extension
+        return cpp_extension.load(name="tokenwire_cpu_quant", sources=QUANT_SOURCES,
+                                  extra_cflags=QUANT_FLAGS, extra_ldflags=["-fopenmp"])
+    except Exception as exc:  # a missing compiler or ninja raises several types
+        log.warning("quantized CPU kernels unavailable: %s", exc)
+        return None
+
+
+def quant_isa() -> int:
+    """The instruction set the quantized kernels use: TOKENWIRE_CPU_QUANT_ISA (portable,
+    avx2 or avx512) forces one, for tests and comparisons; unset (-1) picks the best."""
+    name = os.environ.get(QUANT_ISA_ENV, "")
+    if not name:
+        return -1
+    if name not in QUANT_ISAS:
+        raise ValueError(f"{QUANT_ISA_ENV}={name!r}: expected one of {sorted(QUANT_ISAS)}")
+    return QUANT_ISAS[name]

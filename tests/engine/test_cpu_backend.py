@@ -8,6 +8,7 @@ from engine import LLM, SamplingParams
 from engine.cpu_backend import CpuAttention, CpuLinear, CpuOps
 from engine.errors import ConfigError
 from engine.linear import Linear
+from engine.quant.linear import QuantLinear
 
 needs_kernels = pytest.mark.usefixtures("cpu_kernels")
 
@@ -20,8 +21,11 @@ PROMPTS = [PREFIX + [7, 8, 9], [11, 12, 13, 14, 15], PREFIX + list(range(500, 52
 def test_auto_uses_cpu_kernels_on_cpu(llm):
     assert isinstance(llm.core.runner.model.attention, CpuAttention)
     assert isinstance(llm.core.runner.model.ops, CpuOps)
-    model = llm.core.runner.model
-    assert isinstance(model.lm_head, CpuLinear) and isinstance(model.layers[0].gate_up, CpuLinear)
+    model = llm.core.runner.model  # the default model's GGUF blocks: the quantized matmul
+    assert isinstance(model.lm_head, QuantLinear) and isinstance(model.layers[0].gate_up,
+                                                                 QuantLinear)
+    fp32 = LLM(model="dummy:tiny", device="cpu", num_kv_blocks=8).core.runner.model
+    assert isinstance(fp32.lm_head, CpuLinear) and isinstance(fp32.layers[0].gate_up, CpuLinear)
 
 
 @needs_kernels

@@ -1,0 +1,70 @@
+"""Weights of a llama-architecture GGUF file under Hugging Face names, quantized tensors
+left packed (QuantWeight) where the C++ kernels run their format, others as fp32."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from engine.quant.weights import FORMATS, QuantWeight
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+              "output": "lm_head"}
+
+
+def read_gguf_weights(path, num_heads: int, num_kv_heads: int) -> dict:
+    """{HF name: tensor or QuantWeight}. Packed bytes are copied out of the file's map."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(path)
+    permute = _field(reader, "general.architecture") == "llama"
+    weights = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        kind = t.tensor_type.name
+        if kind in FORMATS:
+            value = QuantWeight(torch.from_numpy(np.array(t.data)), kind, int(t.shape[0]))
+        else:
+            value = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), np.float32))
+        if permute and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = num_heads if ".q_proj" in name else num_kv_heads
+            value = _take_rows(value, _unpermute_index(_rows(value), heads))
+        weights[name] = value
+    return weights
+
+
+def hf_name(gguf_name: str) -> str:
+    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    if match:
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    part, kind = gguf_name.rsplit(".", 1)
+    return f"{_TOP_NAMES[part]}.{kind}"
+
+
+def _unpermute_index(rows: int, heads: int) -> torch.Tensor:
+    """llama.cpp's converter interleaves each head's two rotary halves (for its rope
+    layout); this row order restores Hugging Face's (transformers' reverse_permute)."""
+    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
+
+
+def _rows(value) -> int:
+    return value.out_features if isinstance(value, QuantWeight) else value.shape[0]
+
+
+def _take_rows(value, index: torch.Tensor):
+    return value.rows(index) if isinstance(value, QuantWeight) else value[index].contiguous()
+
+
+def _field(reader, key: str):
+    field = reader.fields.get(key)
+    return None if field is None else bytes(field.parts[field.data[0]]).decode()
