@@ -51,7 +51,6 @@ class CommonRequest(WireParams, kw_only=True, forbid_unknown_fields=True):
     prediction: Any = None
     # refused unless absent or neutral
     logit_bias: Any = None
-    response_format: Any = None
 
 
 class ChatRequest(CommonRequest, kw_only=True):
