@@ -30,6 +30,8 @@ def reduce_response_format(value) -> dict | None:
         return None
     if kind == "json_object":
         return {"type": "json_object"}
+    if "json_schema" not in value and isinstance(value.get("schema"), dict):
+        return value  # already reduced: SamplingParams copied by dataclasses.replace
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
         raise InvalidRequestError(FIELD, "json_schema.schema: required, a JSON Schema object")

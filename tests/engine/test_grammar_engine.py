@@ -39,7 +39,8 @@ def test_only_constrained_rows_are_masked(llm):
     requests[1].grammar = new_matcher(compiled)
     logits = torch.randn(3, llm.core.runner.sample_vocab)
     before = logits.clone()
-    token = llm.core.runner.sampler.sample(logits, requests)[1]
+    tokens, _ = llm.core.runner.sampler.sample(logits, requests)
+    token = tokens[1]
     assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
     allowed = logits[1] > float("-inf")
     assert 0 < allowed.sum() < 100 and allowed[token]  # `{` and little else may open it

@@ -1,5 +1,6 @@
 """SamplingParams refuses every bad number with InvalidRequestError naming the field, and
 nothing else: a huge integer must not escape as OverflowError from float()."""
+import dataclasses
 import math
 
 import pytest
@@ -21,3 +22,14 @@ def test_bad_numbers_are_invalid_request_naming_the_field(name, value):
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(**{name: value})
     assert info.value.field == name
+
+
+def test_a_copy_keeps_the_reduced_response_format():
+    """n > 1 copies a request's params per sample (dataclasses.replace runs __post_init__
+    again on the reduced response_format): the copy keeps the same constraint."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    params = SamplingParams(response_format={"type": "json_schema",
+                                             "json_schema": {"name": "x", "schema": schema}})
+    copy = dataclasses.replace(params, seed=3)
+    assert copy.response_format == params.response_format == {"type": "json_schema",
+                                                              "schema": schema}
