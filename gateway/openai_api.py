@@ -136,6 +136,8 @@ async def _complete(request: web.Request, rt: Runtime, req: CommonRequest,
         _validate(rt, prompt, params, chat)
     stream = Stream(f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}",
                     f"http-{next(_ids)}", "http")
+    # Everything that can raise comes before admission: a ticket is released only below.
+    job = Job(rt, req, stream, plan(prompts, req.n, params, stream.engine_id, echoes), prompts)
     try:
         ticket = await rt.gate.admit(stream.id, None, "http", params.priority,
                                      sum(map(len, prompts)), request[_OWNER],
@@ -145,7 +147,6 @@ async def _complete(request: web.Request, rt: Runtime, req: CommonRequest,
     stream.admitted = time.perf_counter()
     stream.task = asyncio.current_task()  # what a drain cancels
     rt.http_streams.add(stream)
-    job = Job(rt, req, stream, plan(prompts, req.n, params, stream.engine_id, echoes), prompts)
     try:
         if req.stream:
             return await sse(request, job)
