@@ -39,7 +39,16 @@ KIT = {
     "msgspec": "0.22.0",            # gateway.protocol, gateway.openai_api
     "pytest-asyncio": "1.5.0",      # async tests (asyncio_mode = "auto" in pyproject)
     "pytest-aiohttp": "1.1.1",      # aiohttp_server fixture (tests/loadtest/conftest.py)
-    "openai": "3.54.0",             # tests/gateway/test_http.py; the rest are its needs
+    "xgrammar": "0.2.8",            # engine.grammar (structured outputs), with its
+    "apache-tvm-ffi": "0.1.15.post2",  # runtime
+    "redis": "8.1.0",               # gateway.redis_store
+    "gguf": "0.19.0",               # engine.quant (GGUF blocks; CPU only, imported lazily)
+    "websockets": "15.0.1",         # the openai SDK's realtime client (tests)
+    "jsonschema": "4.26.0",         # tests/gateway/test_structured_outputs.py, with its needs
+    "jsonschema-specifications": "2025.9.1",
+    "referencing": "0.37.0",
+    "rpds-py": "2026.9.1",
+    "openai": "3.57.0",             # tests/gateway/test_http.py; the rest are its needs
     "httpx2": "2.16.2",
     "httpcore2": "2.16.2",
     "truststore": "0.10.5",
