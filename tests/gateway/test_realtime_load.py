@@ -46,7 +46,9 @@ async def settled(check, timeout: float = 20.0) -> bool:
 async def test_64_conversations_3_turns_all_end_and_leave_nothing(server):
     # All 192 responses are admitted and queue (the 2-core CI box takes minutes for them),
     # rather than refused by the default 5 s time-to-first-token estimate.
-    url = server.start_app(scheduler=SchedulerConfig(ttft_bound_s=600.0))
+    # A fresh server has no measured drain rate and refuses what its free slots cannot take
+    # at once (the cold-start rule); a prior rate lets these 64 wait their turn instead.
+    url = server.start_app(scheduler=SchedulerConfig(ttft_bound_s=600.0, initial_drain_rps=1.0))
     rt = server.apps[url][RUNTIME]
     tasks_before = server_tasks(server)
     try:
