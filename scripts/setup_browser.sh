@@ -1,29 +1,18 @@
 #!/usr/bin/env bash
 # Third-party clients for the gateway tests: Debian's chromium (and node and openssl, if
 # missing) from apt, then wscat, playwright-core and the openai npm package's realtime
-# client (openai + ws) from tests/gateway/package-lock.json into tests/gateway/node_modules. Idempotent: a second run with everything in place does
-# nothing. Playwright's own browser download is never used; it drives /usr/bin/chromium.
+# client (openai + ws) from tests/gateway/package-lock.json into tests/gateway/node_modules.
+# Idempotent: a second run with everything in place does nothing. Playwright's own browser download is never used; it drives /usr/bin/chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_install() {
-    local sudo=""
-    if [ "$(id -u)" != 0 ]; then
-        command -v sudo >/dev/null 2>&1 || {
-            echo "setup_browser: need root or sudo to apt-get install $*" >&2; exit 1; }
-        sudo="sudo"
-    fi
-    command -v apt-get >/dev/null 2>&1 || {
-        echo "setup_browser: no apt-get; install $* by hand" >&2; exit 1; }
-    $sudo apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "$@"
-}
+. scripts/apt_install.sh
 
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the realtime node test's TLS cert
-[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+[ ${#missing[@]} -eq 0 ] || apt_install setup_browser "${missing[@]}"
 
 # npm ci wipes and reinstalls, so run it only when the lockfile is newer than the install.
 stamp=tests/gateway/node_modules/.package-lock.json
