@@ -7,7 +7,8 @@ import re
 import numpy as np
 import torch
 
-from engine.quant.weights import FORMATS, QuantWeight
+from engine.quant.layout import FORMATS
+from engine.quant.weights import QuantWeight
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -32,7 +33,7 @@ def read_gguf_weights(path, num_heads: int, num_kv_heads: int) -> dict:
         name = hf_name(t.name)
         kind = t.tensor_type.name
         if kind in FORMATS:
-            value = QuantWeight(torch.from_numpy(np.array(t.data)), kind, int(t.shape[0]))
+            value = QuantWeight.from_blocks(np.asarray(t.data), kind, int(t.shape[0]))
         else:
             value = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), np.float32))
         if permute and name.endswith(("q_proj.weight", "k_proj.weight")):

@@ -1,6 +1,6 @@
 """Projections and embedding lookups on QuantWeights: the C++ kernels (kernels/cpu/quant_*)
-read the packed blocks as stored, fp32 activations and sums; without those kernels the
-weight is dequantized once and the model runs in fp32 as before."""
+read the packed codes (activations quantized at two int8 levels per 32-block, fp32 scales
+and sums); without those kernels the weight is dequantized once and the model runs in fp32."""
 from __future__ import annotations
 
 import torch
@@ -23,7 +23,8 @@ class QuantLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        return self.kernels.quant_linear(x.contiguous(), w.data, w.fmt_id, self.bias, self.isa)
+        return self.kernels.quant_linear(x.contiguous(), w.codes, w.scales, w.offsets, w.bits,
+                                         w.sub, self.bias, self.isa)
 
 
 def quant_aware(make_linear):
@@ -46,4 +47,5 @@ def embedding(ids: torch.Tensor, table) -> torch.Tensor:
     kernels = cpu_kernels.load_quant()
     if kernels is None:
         return F.embedding(ids, table.rows(ids).dequantize())
-    return kernels.quant_embedding(ids, table.data, table.fmt_id, table.in_features)
+    return kernels.quant_embedding(ids, table.codes, table.scales, table.offsets, table.bits,
+                                   table.sub, table.in_features, table.fused)

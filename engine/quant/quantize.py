@@ -3,7 +3,6 @@ load, one tensor at a time as it is read, into the blocks the C++ kernels run (i
 Q8_0, a scale per 32 weights of a row; int4: Q4_0, group-32 symmetric 4-bit)."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from engine.quant.weights import QuantWeight
@@ -34,4 +33,4 @@ def quantize(tensor: torch.Tensor, fmt: str) -> QuantWeight:
 
     values = tensor.detach().float().cpu().numpy()
     blocks = gguf_quantize(values, GGMLQuantizationType[fmt])
-    return QuantWeight(torch.from_numpy(np.ascontiguousarray(blocks)), fmt, tensor.shape[1])
+    return QuantWeight.from_blocks(blocks, fmt, tensor.shape[1])

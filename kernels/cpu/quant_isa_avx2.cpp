@@ -1,5 +1,7 @@
-// Quantized matmul with AVX2 + FMA + F16C (8 floats per vector), compiled for that set
-// alone and called only where the CPU has it (quant_linear.cpp).
+// Quantized matmul with AVX2 + FMA + F16C, compiled for that set alone and called only where
+// the CPU has it (quant_linear.cpp). AVX2 has no VNNI and its u8 x s8 multiply saturates in
+// int16, so codes and activations are widened to int16 and multiplied exactly (vpmaddwd):
+// 16 weights per step, each int32 lane summing 2 of them.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -10,45 +12,80 @@
 #pragma GCC target("avx2,fma,f16c")
 
 namespace tokenwire::quant::avx2 {
+namespace {
 
-typedef __m256 V;
-constexpr int kLanes = 8, kVecs = 4, kNW = 4, kR = 2;
+// A group's 128 codes as bytes, in weight order.
+template <int Bits>
+inline void unpack_group(const uint8_t* group, uint8_t* out) {
+  if constexpr (Bits == 4) {
+    const __m256i nib = _mm256_set1_epi8(15);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 32 * h));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * h), _mm256_and_si256(c, nib));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 + 32 * h),
+                          _mm256_and_si256(_mm256_srli_epi16(c, 4), nib));
+    }
+  } else {
+    std::memcpy(out, group, kGroup);
+  }
+}
 
-inline V vzero() { return _mm256_setzero_ps(); }
-inline V vload(const float* p) { return _mm256_loadu_ps(p); }
-inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
-inline float vsum(V v) {
+// 128 * (codes . p1) + codes . p2 over 16 weights, in 8 int32 lanes.
+inline __m256i dot2(const uint8_t* codes, const int8_t* p1, const int8_t* p2) {
+  const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  const __m256i a1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p1)));
+  const __m256i a2 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p2)));
+  return _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(c, a1), 7),  // kLevel2
+                          _mm256_madd_epi16(c, a2));
+}
+
+inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-template <int Fmt>
-inline void dequant(const uint8_t* b, V* w) {
-  // d and m (Q4_1) are adjacent halves: one conversion gives both.
-  uint32_t dm_bits;
-  std::memcpy(&dm_bits, b, 4);
-  const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(int(dm_bits)));
-  const V d = _mm256_broadcastss_ps(dm);
-  if constexpr (Fmt == kQ8_0) {
-    for (int v = 0; v < 4; ++v) {
-      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * v));
-      w[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+template <int Bits>
+void row(const Gemm& g, int64_t j) {
+  const Weights& w = g.w;
+  const Activations& x = g.x;
+  const int64_t subs = w.kp / w.sub, cb = code_bytes(w.kp, Bits), pbytes = w.half ? 2 : 4;
+  const auto* srow = static_cast<const char*>(w.scales) + j * subs * pbytes;
+  const auto* orow = static_cast<const char*>(w.offsets) + j * subs * pbytes;
+  alignas(32) uint8_t codes[kGroup];
+  for (int64_t r = 0; r < x.m; ++r) g.out[r * w.n + j] = g.bias ? g.bias[j] : 0.f;
+  for (int64_t gi = 0; gi < w.kp / kGroup; ++gi) {
+    unpack_group<Bits>(w.codes + j * cb + gi * (kGroup * Bits / 8), codes);
+    for (int64_t r = 0; r < x.m; ++r) {
+      const int8_t* p1 = x.p1 + r * x.kp + gi * kGroup;
+      const int8_t* p2 = x.p2 + r * x.kp + gi * kGroup;
+      const float* d = x.d + r * subs;
+      const float* sums = x.sums + r * subs;
+      __m256 acc = _mm256_setzero_ps();
+      float offset_sum = 0.f;
+      for (int64_t t = 0; t < kGroup; t += 16) {
+        const int64_t s = (gi * kGroup + t) / w.sub;
+        const float ds = param_at(srow, w.half, s) * d[s];
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot2(codes + t, p1 + t, p2 + t)),
+                              _mm256_set1_ps(ds), acc);
+      }
+      for (int64_t s = gi * kGroup / w.sub; s < (gi + 1) * kGroup / w.sub; ++s)
+        offset_sum += param_at(orow, w.half, s) * sums[s];
+      g.out[r * w.n + j] += hsum(acc) + offset_sum;
     }
-  } else {
-    const V m = Fmt == kQ4_1 ? _mm256_broadcastss_ps(_mm_movehdup_ps(dm)) : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + (Fmt == kQ4_1 ? 4 : 2)));
-    const __m256i lo8 = _mm256_cvtepu8_epi32(qs), hi8 = _mm256_cvtepu8_epi32(_mm_srli_si128(qs, 8));
-    const __m256i nib = _mm256_set1_epi32(15);
-    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(lo8, nib)), d, m);
-    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(hi8, nib)), d, m);
-    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(lo8, 4)), d, m);
-    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(hi8, 4)), d, m);
   }
 }
 
-#include "quant_gemm.inc"
+}  // namespace
+
+void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
+  for (int64_t j = n_begin; j < n_end; ++j) {
+    if (g.w.bits == 4)
+      row<4>(g, j);
+    else
+      row<8>(g, j);
+  }
+}
 
 }  // namespace tokenwire::quant::avx2
 

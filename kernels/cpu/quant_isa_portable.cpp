@@ -1,31 +1,36 @@
-// Quantized matmul for any CPU: GCC vector extensions of 4 floats (SSE2 on x86-64, NEON on
-// arm64), the block unpacked by the scalar reference. Compiled for the baseline ISA only.
-#include <algorithm>
+// Quantized matmul for any CPU, compiled for the baseline instruction set: integer dots per
+// sub-block in plain C++, the reference the vector paths are tested against.
+#include <vector>
 
 #include "quant_kernels.h"
 
 namespace tokenwire::quant::portable {
 
-typedef float V __attribute__((vector_size(16)));
-constexpr int kLanes = 4, kVecs = 8, kNW = 4, kR = 2;
-
-inline V vzero() { return V{}; }
-inline V vload(const float* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
+void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
+  const Weights& w = g.w;
+  const Activations& x = g.x;
+  const int64_t subs = w.kp / w.sub, cb = code_bytes(w.kp, w.bits), pbytes = w.half ? 2 : 4;
+  std::vector<int32_t> codes(w.kp);
+  for (int64_t j = n_begin; j < n_end; ++j) {
+    for (int64_t t = 0; t < w.kp; ++t) codes[t] = code_at(w.codes + j * cb, w.bits, t);
+    const auto* srow = static_cast<const char*>(w.scales) + j * subs * pbytes;
+    const auto* orow = static_cast<const char*>(w.offsets) + j * subs * pbytes;
+    for (int64_t r = 0; r < x.m; ++r) {
+      const int8_t* p1 = x.p1 + r * x.kp;
+      const int8_t* p2 = x.p2 + r * x.kp;
+      float acc = 0.f;
+      for (int64_t s = 0; s < subs; ++s) {
+        int32_t dot1 = 0, dot2 = 0;
+        for (int64_t t = s * w.sub; t < (s + 1) * w.sub; ++t) {
+          dot1 += codes[t] * p1[t];
+          dot2 += codes[t] * p2[t];
+        }
+        const float ds = param_at(srow, w.half, s) * x.d[r * subs + s];
+        acc += float(dot1 * kLevel2 + dot2) * ds + param_at(orow, w.half, s) * x.sums[r * subs + s];
+      }
+      g.out[r * w.n + j] = acc + (g.bias ? g.bias[j] : 0.f);
+    }
+  }
 }
-inline V vfma(V a, V b, V c) { return a * b + c; }
-inline V vadd(V a, V b) { return a + b; }
-inline float vsum(V v) { return (v[0] + v[1]) + (v[2] + v[3]); }
-
-template <int Fmt>
-inline void dequant(const uint8_t* block, V* w) {
-  float f[kBlock];
-  dequantize_block(Fmt, block, f);
-  for (int v = 0; v < kVecs; ++v) w[v] = vload(f + v * kLanes);
-}
-
-#include "quant_gemm.inc"
 
 }  // namespace tokenwire::quant::portable

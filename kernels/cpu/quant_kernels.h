@@ -1,5 +1,25 @@
-// Weight-only quantized matmul over GGUF blocks kept as stored: the interface between the
-// binding (quant_linear.cpp) and the per-instruction-set kernels (quant_isa_*.cpp).
+// Weight-only quantized matmul: the interface between the binding (quant_linear.cpp) and the
+// per-instruction-set kernels (quant_isa_*.cpp).
+//
+// Weights (engine/quant/layout.py regroups each GGUF format into this, bit for bit):
+//   w = scale * code + offset, one scale and one offset per `sub` weights of a row
+//
+//   codes    uint8 [n, kp * bits / 8]   kp = in_features rounded up to 128 (a group)
+//   scales   fp16 or fp32 [n, kp / sub] sub = 32 (Q4_0, Q4_1, Q8_0, Q4_K) or 16 (Q6_K)
+//   offsets  same shape and type        padding weights: code 0, scale 0, offset 0
+//
+//   one group of 128 weights, 4-bit codes (64 bytes):  byte i = w[i] | w[64 + i] << 4
+//   one group of 128 weights, 8-bit codes (128 bytes): byte i = w[i]
+//
+// So a group's low nibbles (or first 64 bytes) are weights 0-63 and its high nibbles
+// weights 64-127, both in order: one 64-byte load gives 64 codes of one half-group.
+//
+// Activations are quantized per row in blocks of 32 at two int8 levels (quantize_rows):
+//   x ~= d * (p1 + p2 / 128),  d = max|x| / 127,  |x - that| <= d / 256
+// so sum(code * x) over a block is d / 128 * (128 * sum(code * p1) + sum(code * p2)): exact
+// integer dots, one float scale per block. A single int8 level (llama.cpp's Q8_1) kept 3
+// of the 9 Hugging Face parity prompts greedy-identical; two levels keep all 9.
+// The offsets multiply the exact fp32 sum of x over each sub-block.
 #pragma once
 
 #include <cstdint>
@@ -7,37 +27,44 @@
 
 namespace tokenwire::quant {
 
-// Block formats, each 32 weights of one row, as ggml lays them out (little-endian):
-//   Q4_0: fp16 d, 16 bytes of nibbles       w = d * (q - 8)
-//   Q4_1: fp16 d, fp16 m, 16 bytes nibbles  w = d * q + m
-//   Q8_0: fp16 d, 32 int8                   w = d * q
-// Byte j of the nibbles holds weight j (low nibble) and weight j + 16 (high nibble).
-enum Format : int { kQ4_0 = 0, kQ4_1 = 1, kQ8_0 = 2 };
-constexpr int64_t kBlock = 32;
+constexpr int64_t kGroup = 128;  // weights per group of codes
+constexpr int64_t kBlock = 32;   // activation weights per quantization block
+constexpr int kLevel2 = 128;     // p2's weight against p1
 
-inline int64_t block_bytes(int fmt) { return fmt == kQ4_0 ? 18 : fmt == kQ4_1 ? 20 : 34; }
+struct Weights {
+  const uint8_t* codes;
+  const void* scales;   // uint16_t (fp16 bits) or float
+  const void* offsets;  // as scales
+  int64_t n, kp;
+  int bits, sub;
+  bool half;
+};
+
+struct Activations {
+  const int8_t* p1;    // [m, kp]
+  const int8_t* p2;    // [m, kp]
+  const float* d;      // [m, kp / sub]: the block's d / kLevel2, repeated per sub-block
+  const float* sums;   // [m, kp / sub]: exact sum of x over each sub-block
+  int64_t m, kp;
+};
+
+// out[r * out_stride + j] = x_r . w_j (+ bias[j]) for weight rows [n_begin, n_end).
+struct Gemm {
+  Weights w;
+  Activations x;
+  const float* bias;  // [n] or nullptr
+  float* out;         // [m, n]
+};
 
 // Instruction sets, best last; kernels for each are compiled for that set alone, so the
 // process picks one at run time and a forced one can be tested on a bigger CPU.
 enum Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 
-struct GemmArgs {
-  const float* x;       // [m, k] activations, fp32
-  const uint8_t* w;     // [n, k / 32 blocks] packed rows
-  const float* bias;    // [n] or nullptr
-  float* out;           // [m, n]
-  int64_t m, n, k;
-  int fmt;
-};
+namespace portable { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
+namespace avx2 { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
+namespace avx512 { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
 
-// Rows of the weight a thread owns, always whole multiples of kRowGroup but the last.
-constexpr int64_t kRowGroup = 4;
-
-namespace portable { void gemm(const GemmArgs& a, int64_t n_begin, int64_t n_end); }
-namespace avx2 { void gemm(const GemmArgs& a, int64_t n_begin, int64_t n_end); }
-namespace avx512 { void gemm(const GemmArgs& a, int64_t n_begin, int64_t n_end); }
-
-// IEEE half -> float without F16C (the portable kernels and the embedding lookup).
+// IEEE half -> float without F16C (portable kernels, embedding lookup, scale reads).
 inline float half_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16;
   uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
@@ -57,25 +84,20 @@ inline float half_to_float(uint16_t h) {
   return f;
 }
 
-inline uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
+// Scale or offset i of a row, in whichever type the weight keeps them.
+inline float param_at(const void* row, bool half, int64_t i) {
+  if (!half) return static_cast<const float*>(row)[i];
+  return half_to_float(static_cast<const uint16_t*>(row)[i]);
 }
 
-// One block to 32 floats in weight order (the reference every kernel path must match).
-inline void dequantize_block(int fmt, const uint8_t* b, float* out) {
-  const float d = half_to_float(load_u16(b));
-  if (fmt == kQ8_0) {
-    for (int j = 0; j < 32; ++j) out[j] = d * float(int8_t(b[2 + j]));
-    return;
-  }
-  const float m = fmt == kQ4_1 ? half_to_float(load_u16(b + 2)) : -8.f * d;
-  const uint8_t* qs = b + (fmt == kQ4_1 ? 4 : 2);
-  for (int j = 0; j < 16; ++j) {
-    out[j] = d * float(qs[j] & 15) + m;
-    out[j + 16] = d * float(qs[j] >> 4) + m;
-  }
+inline int64_t code_bytes(int64_t kp, int bits) { return kp * bits / 8; }
+
+// Code j of a row (the layout above).
+inline int code_at(const uint8_t* row, int bits, int64_t j) {
+  if (bits == 8) return row[j];
+  const int64_t g = j / kGroup, i = j % kGroup;
+  const uint8_t b = row[g * 64 + (i & 63)];
+  return i < 64 ? (b & 15) : (b >> 4);
 }
 
 }  // namespace tokenwire::quant

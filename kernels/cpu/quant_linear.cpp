@@ -1,19 +1,29 @@
-// Python bindings of the weight-only quantized kernels: y = x W^T (+ b) with W kept in its
-// GGUF blocks (quant_kernels.h), and the embedding lookup that unpacks only the rows a step
-// reads. Picks the instruction set at run time; callers may force a smaller one.
+// Python bindings of the weight-only quantized kernels: y = x W^T (+ b) with W kept as codes,
+// scales and offsets (quant_kernels.h), and the embedding lookup that unpacks only the rows
+// a step reads. Picks the instruction set at run time; callers may force a smaller one.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <cmath>
+
 #include "quant_kernels.h"
+#include "worker_pool.h"
 
 namespace tokenwire::quant {
 namespace {
+
+// A matmul is split into chunks of whole 4-row groups, about kChunksPerThread per thread so
+// the caller can take over a late worker's share, and none under kMinChunkMacs
+// multiply-adds (~10 us on one core: claiming a chunk costs ~0.1 us).
+constexpr int64_t kRows = 4, kChunksPerThread = 4, kMinChunkMacs = int64_t(1) << 17;
 
 bool isa_supported(int64_t isa) {
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                     __builtin_cpu_supports("f16c");
-  if (isa == kAvx512) return avx2 && __builtin_cpu_supports("avx512f");
+  if (isa == kAvx512)
+    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   if (isa == kAvx2) return avx2;
   return isa == kPortable;
 }
@@ -24,57 +34,133 @@ int64_t best_isa() {
   return kPortable;
 }
 
-void check_weight(const at::Tensor& w, int64_t fmt, int64_t k) {
-  TORCH_CHECK(fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ8_0, "unknown block format ", fmt);
+// The weight's tensors -> Weights, checked against each other and against in_features k.
+Weights weights_of(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets,
+                   int64_t bits, int64_t sub, int64_t k) {
+  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8, got ", bits);
+  TORCH_CHECK(sub == 16 || sub == 32, "sub-block must be 16 or 32 weights, got ", sub);
   TORCH_CHECK(k > 0 && k % kBlock == 0, "in_features must be a multiple of 32, got ", k);
-  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.is_contiguous() &&
-                  w.dim() == 2 && w.size(1) == k / kBlock * block_bytes(fmt),
-              "packed weight must be contiguous uint8 [out_features, ", k / kBlock * block_bytes(fmt),
-              "], got ", w.sizes());
+  const int64_t kp = (k + kGroup - 1) / kGroup * kGroup;
+  TORCH_CHECK(codes.device().is_cpu() && codes.scalar_type() == at::kByte && codes.is_contiguous() &&
+                  codes.dim() == 2 && codes.size(1) == code_bytes(kp, int(bits)),
+              "codes must be contiguous uint8 [out_features, ", code_bytes(kp, int(bits)), "], got ",
+              codes.sizes());
+  const bool half = scales.scalar_type() == at::kHalf;
+  for (const at::Tensor* t : {&scales, &offsets})
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() &&
+                    (t->scalar_type() == at::kHalf || t->scalar_type() == at::kFloat) &&
+                    t->scalar_type() == scales.scalar_type() && t->dim() == 2 &&
+                    t->size(0) == codes.size(0) && t->size(1) == kp / sub,
+                "scales and offsets must be contiguous float16 or float32 [out_features, ",
+                kp / sub, "] of one type, got ", t->sizes(), " ", t->scalar_type());
+  return Weights{codes.data_ptr<uint8_t>(), scales.data_ptr(), offsets.data_ptr(), codes.size(0),
+                 kp, int(bits), int(sub), half};
+}
+
+// Buffers of quantize_rows: p1 and p2 [m, kp] int8, then d and sums [m, kp / sub] fp32.
+struct QuantizedRows {
+  at::Tensor codes, floats;
+  Activations view;
+};
+
+// One row of x [k] -> two int8 levels per 32-block and per-sub-block d and exact sums.
+void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p1, int8_t* p2,
+                  float* d, float* sums) {
+  for (int64_t b = 0; b < kp; b += kBlock) {
+    float amax = 0.f;
+    for (int64_t t = b; t < std::min(b + kBlock, k); ++t) amax = std::max(amax, std::fabs(x[t]));
+    const bool finite = std::isfinite(amax);
+    const float scale = finite ? amax / 127.f : NAN;  // NaN/inf rows give NaN, as fp32 would
+    const float inv = finite && amax > 0.f ? 127.f / amax : 0.f;
+    for (int64_t t = b; t < b + kBlock; ++t) {
+      const float v = t < k ? x[t] * inv : 0.f;
+      const float q1 = std::nearbyint(v);
+      p1[t] = static_cast<int8_t>(q1);
+      p2[t] = static_cast<int8_t>(std::nearbyint((v - q1) * float(kLevel2)));
+    }
+    for (int64_t s = b; s < b + kBlock; s += sub) {
+      float sum = 0.f;
+      for (int64_t t = s; t < std::min(s + sub, k); ++t) sum += x[t];
+      d[s / sub] = scale / float(kLevel2);
+      sums[s / sub] = sum;
+    }
+  }
+}
+
+QuantizedRows quantize_rows(const at::Tensor& x, int64_t kp, int sub) {
+  const int64_t m = x.size(0), k = x.size(1), subs = kp / sub;
+  QuantizedRows q;
+  q.codes = at::empty({2, m, kp}, at::TensorOptions().dtype(at::kChar));
+  q.floats = at::empty({2, m, subs}, at::TensorOptions().dtype(at::kFloat));
+  int8_t* p1 = q.codes.data_ptr<int8_t>();
+  float* d = q.floats.data_ptr<float>();
+  const float* xp = x.data_ptr<float>();
+  at::parallel_for(0, m, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      quantize_row(xp + r * k, k, kp, sub, p1 + r * kp, p1 + (m + r) * kp, d + r * subs,
+                   d + (m + r) * subs);
+  });
+  q.view = Activations{p1, p1 + m * kp, d, d + m * subs, m, kp};
+  return q;
 }
 
 // x [M, K] fp32 -> [M, N]; isa -1 picks the best this CPU has.
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t fmt,
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                        const at::Tensor& offsets, int64_t bits, int64_t sub,
                         const std::optional<at::Tensor>& bias, int64_t isa) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() &&
                   x.dim() == 2, "x must be contiguous float32 [rows, in_features]");
-  check_weight(w, fmt, x.size(1));
+  const Weights w = weights_of(codes, scales, offsets, bits, sub, x.size(1));
   if (isa < 0) isa = best_isa();
   TORCH_CHECK(isa_supported(isa), "instruction set ", isa, " is not available on this CPU");
-  const int64_t n = w.size(0);
-  GemmArgs a{x.data_ptr<float>(), w.data_ptr<uint8_t>(), nullptr, nullptr, x.size(0), n,
-             x.size(1), int(fmt)};
+  const float* bias_ptr = nullptr;
   if (bias) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
-                bias->numel() == n, "bias must be contiguous float32 [out_features]");
-    a.bias = bias->data_ptr<float>();
+                bias->numel() == w.n, "bias must be contiguous float32 [out_features]");
+    bias_ptr = bias->data_ptr<float>();
   }
-  at::Tensor out = at::empty({a.m, n}, x.options());
-  a.out = out.data_ptr<float>();
+  const QuantizedRows q = quantize_rows(x, w.kp, w.sub);
+  at::Tensor out = at::empty({x.size(0), w.n}, x.options());
+  const Gemm g{w, q.view, bias_ptr, out.data_ptr<float>()};
   auto* gemm = isa == kAvx512 ? avx512::gemm : isa == kAvx2 ? avx2::gemm : portable::gemm;
-  // Threads split the weight rows in groups of kRowGroup: each streams its own part once.
-  const int64_t groups = (n + kRowGroup - 1) / kRowGroup;
-  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    gemm(a, begin * kRowGroup, std::min(n, end * kRowGroup));
+  // Threads split the weight rows: each streams its own part of the weight once.
+  const int threads = at::get_num_threads();
+  const int64_t groups = (w.n + kRows - 1) / kRows, group_macs = kRows * w.kp * q.view.m;
+  const int64_t per_chunk = std::max((kMinChunkMacs + group_macs - 1) / group_macs,
+                                     (groups + threads * kChunksPerThread - 1) /
+                                         (threads * kChunksPerThread));
+  WorkerPool::instance().run((groups + per_chunk - 1) / per_chunk, threads, [&](int64_t c) {
+    gemm(g, c * per_chunk * kRows, std::min(w.n, (c + 1) * per_chunk * kRows));
   });
   return out;
 }
 
-// ids [T] -> fp32 rows [T, K] of the packed table w.
-at::Tensor quant_embedding(const at::Tensor& ids, const at::Tensor& w, int64_t fmt, int64_t k) {
-  check_weight(w, fmt, k);
+// ids [T] -> fp32 rows [T, K]: w = scale * code + offset, rounded once where the source
+// format rounds once (`fused`: ggml's d * (q - zero)) and twice where it rounds the product
+// first (d * q + m), so the values equal ggml's own dequantization bit for bit.
+at::Tensor quant_embedding(const at::Tensor& ids, const at::Tensor& codes, const at::Tensor& scales,
+                           const at::Tensor& offsets, int64_t bits, int64_t sub, int64_t k,
+                           bool fused) {
+  const Weights w = weights_of(codes, scales, offsets, bits, sub, k);
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1, "ids must be int64 [T]");
   const at::Tensor idc = ids.contiguous();
-  const int64_t t = idc.numel(), nb = k / kBlock, bb = block_bytes(fmt);
-  at::Tensor out = at::empty({t, k}, at::TensorOptions().dtype(at::kFloat));
+  const int64_t t = idc.numel(), cb = code_bytes(w.kp, w.bits), subs = w.kp / w.sub;
+  const int64_t pbytes = w.half ? 2 : 4;
   const int64_t* ip = idc.data_ptr<int64_t>();
   for (int64_t i = 0; i < t; ++i)
-    TORCH_CHECK(ip[i] >= 0 && ip[i] < w.size(0), "token id ", ip[i], " out of range");
+    TORCH_CHECK(ip[i] >= 0 && ip[i] < w.n, "token id ", ip[i], " out of range");
+  at::Tensor out = at::empty({t, k}, at::TensorOptions().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
   at::parallel_for(0, t, 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const uint8_t* row = w.data_ptr<uint8_t>() + ip[i] * nb * bb;
-      for (int64_t b = 0; b < nb; ++b)
-        dequantize_block(int(fmt), row + b * bb, out.data_ptr<float>() + i * k + b * kBlock);
+      const uint8_t* row = w.codes + ip[i] * cb;
+      const auto* srow = static_cast<const char*>(w.scales) + ip[i] * subs * pbytes;
+      const auto* orow = static_cast<const char*>(w.offsets) + ip[i] * subs * pbytes;
+      for (int64_t j = 0; j < k; ++j) {
+        const float s = param_at(srow, w.half, j / w.sub), o = param_at(orow, w.half, j / w.sub);
+        const float c = float(code_at(row, w.bits, j));
+        op[i * k + j] = fused ? std::fma(s, c, o) : s * c + o;  // -ffp-contract=off
+      }
     }
   });
   return out;

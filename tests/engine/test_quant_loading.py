@@ -46,7 +46,7 @@ def test_engine_runs_the_packed_blocks(llm):
     model = llm.core.runner.model
     embed = model.embed
     assert isinstance(model.lm_head, QuantLinear)
-    assert model.lm_head.weight.data.data_ptr() == embed.data.data_ptr()  # tied: one table
+    assert model.lm_head.weight.codes.data_ptr() == embed.codes.data_ptr()  # tied: one table
     for layer in model.layers:
         for proj in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
             assert isinstance(proj, QuantLinear) and proj.weight.fmt == "Q4_1"

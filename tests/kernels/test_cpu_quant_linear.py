@@ -1,7 +1,8 @@
 """The weight-only quantized matmul (kernels/cpu/quant_*.cpp) against dequantize-then-matmul:
-every block format, every instruction-set path this CPU has (each forced in turn), decode's
-one row and batched rows with every tile remainder, odd output counts, bias, the embedding
-lookup and bad arguments."""
+every GGUF format the loader keeps packed, every instruction-set path this CPU has (each
+forced in turn), decode's one row and batched rows past every tile edge, odd output counts,
+in_features that are not whole groups of 128, bias, the embedding lookup, the regrouped
+layout against gguf's own dequantization, and bad arguments."""
 
 import numpy as np
 import pytest
@@ -10,8 +11,11 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 import kernels.cpu as cpu_kernels
+from engine.quant.layout import FORMATS
 from engine.quant.linear import QuantLinear
-from engine.quant.weights import FORMATS, QuantWeight
+from engine.quant.weights import QuantWeight, cat_rows
+
+LEGACY = ["Q4_0", "Q4_1", "Q8_0"]  # gguf can quantize these; K blocks are made byte by byte
 
 
 @pytest.fixture(scope="module")
@@ -29,28 +33,121 @@ def isa_or_skip(quant, name: str) -> int:
     return isa
 
 
-def packed(rng, fmt: str, out_features: int, in_features: int):
-    """A random weight in `fmt` (gguf's own quantizer) and its fp64 dequantized values."""
+def gguf_blocks(rng, fmt: str, out_features: int, in_features: int) -> np.ndarray:
+    """Blocks of `fmt`: gguf's quantizer for the legacy formats; for Q4_K/Q6_K random
+    bytes (every code, sub-scale and min pattern) with sane fp16 super-block scales."""
     kind = GGMLQuantizationType[fmt]
-    blocks = quantize(rng.standard_normal((out_features, in_features)).astype(np.float32), kind)
-    return torch.from_numpy(blocks), torch.from_numpy(dequantize(blocks, kind)).double()
+    if fmt in LEGACY:
+        values = rng.standard_normal((out_features, in_features)).astype(np.float32)
+        return quantize(values, kind)
+    size, nbytes = FORMATS[fmt]
+    blocks = rng.integers(0, 256, (out_features, in_features // size, nbytes), dtype=np.uint8)
+    scale = (rng.random(blocks.shape[:2]) * 0.01 + 0.001).astype(np.float16)
+    halves = scale.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    if fmt == "Q4_K":  # d, dmin lead the block
+        blocks[..., 0:2], blocks[..., 2:4] = halves, halves
+    else:  # Q6_K: d ends it
+        blocks[..., 208:210] = halves
+    return blocks.reshape(out_features, -1)
+
+
+def packed(rng, fmt, out_features, in_features):
+    blocks = gguf_blocks(rng, fmt, out_features, in_features)
+    dense = dequantize(blocks, GGMLQuantizationType[fmt])
+    return QuantWeight.from_blocks(blocks, fmt, in_features), torch.from_numpy(dense).double()
+
+
+def two_level(x: np.ndarray) -> np.ndarray:
+    """The kernels' activation rounding (quant_kernels.h), in the same fp32 steps:
+    per 32-block x ~= d * (p1 + p2 / 128) with d = max|x| / 127."""
+    blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0))
+    v = blocks * inv
+    p1 = np.rint(v)
+    p2 = np.rint((v - p1) * np.float32(128))
+    d = (amax / np.float32(127)).astype(np.float64)
+    return (d * (p1 + p2 / 128)).reshape(x.shape)
+
+
+def reference(x: torch.Tensor, weight: QuantWeight, dense: torch.Tensor) -> torch.Tensor:
+    """Dequantize-then-matmul in fp64 on the rounded activations, with the offsets (the
+    `+ offset` part of every weight) against the exact x, as the kernels take them."""
+    offsets = torch.from_numpy(np.repeat(weight.offsets.numpy().astype(np.float64), weight.sub,
+                                         axis=1)[:, :weight.in_features])
+    xr = torch.from_numpy(two_level(x.numpy()))
+    return xr @ (dense - offsets).T + x.double() @ offsets.T
+
+
+SHAPES = {  # (out_features, in_features): odd row counts, k under/at/past a group of 128
+    "legacy": [(1, 32), (7, 96), (13, 576), (66, 1536)],
+    "k": [(1, 256), (7, 512), (13, 768), (66, 1536)],
+}
 
 
 @pytest.mark.parametrize("isa", sorted(cpu_kernels.QUANT_ISAS))
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-# rows: decode's 1, each remainder of the 4-row tile, 8 and 33 (batched decode), 200 (row
-# blocks); out_features: under, at and past the 4-row weight group, odd counts; in_features
-# from one block up to the model's 1536.
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 33, 200])
-@pytest.mark.parametrize("out_features,in_features", [(1, 32), (7, 96), (13, 576),
-                                                      (66, 1536)])
-def test_matches_dequantized_matmul(quant, isa, fmt, rows, out_features, in_features):
+# rows: decode's 1, odd and even counts around the 2-row tile, 17 and 33 past the 16-row
+# activation blocks, 200 (several blocks and chunks)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17, 33, 200])
+@pytest.mark.parametrize("shape", range(4))
+def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
     isa_id = isa_or_skip(quant, isa)
+    out_features, in_features = SHAPES["legacy" if fmt in LEGACY else "k"][shape]
     rng = np.random.default_rng(rows * 1000 + out_features)
     weight, dense = packed(rng, fmt, out_features, in_features)
     x = torch.from_numpy(rng.standard_normal((rows, in_features)).astype(np.float32))
-    out = quant.quant_linear(x, weight, FORMATS[fmt][0], None, isa_id)
-    torch.testing.assert_close(out, (x.double() @ dense.T).float(), rtol=1e-5, atol=1e-4)
+    out = quant.quant_linear(x, weight.codes, weight.scales, weight.offsets, weight.bits,
+                             weight.sub, None, isa_id)
+    expected = reference(x, weight, dense)
+    scale = (x.double().abs() @ dense.abs().T).max().item()  # the size of the sums' terms
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-6 * scale)
+    # and against the unrounded activations: within the two-level rounding's bound
+    bound = x.double().abs().reshape(rows, -1, 32).amax(-1).repeat_interleave(32, 1) / 127 / 256
+    assert ((out.double() - x.double() @ dense.T).abs() <= bound @ dense.abs().T
+            + 2e-6 * scale).all()
+
+
+def test_two_level_rounding_is_finer_than_int8():
+    """The reason for the second level: one int8 level is off by up to d / 2."""
+    x = np.random.default_rng(1).standard_normal((4, 256)).astype(np.float32)
+    d = np.abs(x.reshape(4, -1, 32)).max(-1, keepdims=True) / 127
+    err = np.abs(two_level(x) - x).reshape(4, -1, 32)
+    assert (err <= d / 256 * (1 + 1e-5)).all() and err.max() > 0
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_layout_dequantizes_as_gguf(fmt):
+    weight, dense = packed(np.random.default_rng(2), fmt, 9, 512)
+    assert torch.equal(weight.dequantize(), dense.float())
+    expected_dtype = torch.float16 if fmt in LEGACY else torch.float32
+    assert weight.scales.dtype == expected_dtype  # exact fp16 kept as fp16, else fp32
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_embedding_unpacks_the_rows_asked_for(quant, fmt):
+    weight, dense = packed(np.random.default_rng(3), fmt, 50, 256)
+    ids = torch.tensor([49, 0, 7, 7, 13])
+    out = quant.quant_embedding(ids, weight.codes, weight.scales, weight.offsets, weight.bits,
+                                weight.sub, 256, weight.fused)
+    assert torch.equal(out, dense[ids].float())
+
+
+def test_rows_of_two_formats_share_one_matrix(quant):
+    """A Q4_K q beside a Q6_K v (llama.cpp's Q4_K_M files): one wider matrix, same values."""
+    rng = np.random.default_rng(4)
+    q, q_dense = packed(rng, "Q4_K", 8, 256)
+    v, v_dense = packed(rng, "Q6_K", 4, 256)
+    both = cat_rows([q, v])
+    assert (both.bits, both.sub, both.fmt) == (8, 16, "Q4_K+Q6_K")
+    dense = torch.cat([q_dense, v_dense])
+    x = torch.from_numpy(rng.standard_normal((3, 256)).astype(np.float32))
+    out = quant.quant_linear(x, both.codes, both.scales, both.offsets, both.bits, both.sub,
+                             None, -1)
+    scale = (x.double().abs() @ dense.abs().T).max().item()
+    torch.testing.assert_close(out.double(), reference(x, both, dense), rtol=0,
+                               atol=2e-6 * scale)
 
 
 @pytest.mark.parametrize("isa", sorted(cpu_kernels.QUANT_ISAS))
@@ -60,11 +157,11 @@ def test_bias_and_forced_isa_through_quant_linear(quant, isa, monkeypatch):
     rng = np.random.default_rng(7)
     weight, dense = packed(rng, "Q4_1", 37, 64)
     bias = torch.from_numpy(rng.standard_normal(37).astype(np.float32))
-    layer = QuantLinear(QuantWeight(weight, "Q4_1", 64), bias, quant)
+    layer = QuantLinear(weight, bias, quant)
     assert layer.isa == cpu_kernels.QUANT_ISAS[isa]
     x = torch.from_numpy(rng.standard_normal((6, 64)).astype(np.float32))
-    torch.testing.assert_close(layer(x), (x.double() @ dense.T + bias.double()).float(),
-                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(layer(x).double(), reference(x, weight, dense) + bias.double(),
+                               rtol=0, atol=1e-4)
 
 
 def test_best_isa_is_the_widest_supported(quant):
@@ -74,24 +171,37 @@ def test_best_isa_is_the_widest_supported(quant):
                if isa > best)
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_embedding_unpacks_the_rows_asked_for(quant, fmt):
-    rng = np.random.default_rng(3)
-    weight, dense = packed(rng, fmt, 50, 96)
-    ids = torch.tensor([49, 0, 7, 7, 13])
-    out = quant.quant_embedding(ids, weight, FORMATS[fmt][0], 96)
-    assert torch.equal(out, dense[ids].float())
+def test_threads_split_the_rows_alike(quant):
+    """The worker pool's chunks cover every row once, whatever the thread count."""
+    rng = np.random.default_rng(8)
+    weight, _ = packed(rng, "Q8_0", 4099, 256)
+    x = torch.from_numpy(rng.standard_normal((3, 256)).astype(np.float32))
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            outs.append(quant.quant_linear(x, weight.codes, weight.scales, weight.offsets, 8,
+                                           32, None, -1))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 def test_bad_arguments_are_refused(quant):
-    rng = np.random.default_rng(5)
-    weight, _ = packed(rng, "Q8_0", 4, 64)
+    weight, _ = packed(np.random.default_rng(5), "Q8_0", 4, 64)
+    args = (weight.codes, weight.scales, weight.offsets)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        quant.quant_linear(torch.zeros(1, 48), weight, 2, None, -1)
-    with pytest.raises(RuntimeError, match="packed weight"):
-        quant.quant_linear(torch.zeros(1, 64), weight, 1, None, -1)  # Q4_1 rows are 40 bytes
+        quant.quant_linear(torch.zeros(1, 48), *args, 8, 32, None, -1)
+    with pytest.raises(RuntimeError, match="codes must be"):
+        quant.quant_linear(torch.zeros(1, 64), *args, 4, 32, None, -1)  # 4-bit rows: 64 bytes
+    with pytest.raises(RuntimeError, match="scales and offsets"):
+        quant.quant_linear(torch.zeros(1, 64), *args, 8, 16, None, -1)
+    with pytest.raises(RuntimeError, match="scales and offsets"):
+        quant.quant_linear(torch.zeros(1, 64), weight.codes, weight.scales,
+                           weight.offsets.float(), 8, 32, None, -1)
     with pytest.raises(RuntimeError, match="out of range"):
-        quant.quant_embedding(torch.tensor([4]), weight, 2, 64)
+        quant.quant_embedding(torch.tensor([4]), *args, 8, 32, 64, True)
     with pytest.raises(ValueError, match=cpu_kernels.QUANT_ISA_ENV):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(cpu_kernels.QUANT_ISA_ENV, "sse9")
