@@ -85,27 +85,37 @@ _UNPACK = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q6_K": _
 
 def pack(codes: np.ndarray, scales: np.ndarray, offsets: np.ndarray, bits: int, sub: int):
     """Pad rows to whole groups (code, scale and offset 0) and lay them out as the kernels
-    read them: (codes uint8 [n, kp * bits / 8], scales, offsets [n, kp / sub])."""
+    read them (kernels/cpu/quant_kernels.h): (codes uint8 [n, kp * bits / 8], scales,
+    offsets [n, kp / sub])."""
     n, k = codes.shape
     kp = -(-k // GROUP) * GROUP
     codes = np.pad(codes, ((0, 0), (0, kp - k)))
     scales = np.pad(scales, ((0, 0), (0, (kp - k) // sub)))
     offsets = np.pad(offsets, ((0, 0), (0, (kp - k) // sub)))
-    if bits == 4:  # byte i of a group: weight i low, weight 64 + i high
-        halves = codes.reshape(n, kp // GROUP, 2, 64)
-        codes = (halves[:, :, 0] | (halves[:, :, 1] << np.uint8(4))).reshape(n, -1)
     as_half = _exact_in_half(scales) and _exact_in_half(offsets)
     dtype = np.float16 if as_half else np.float32
-    return np.ascontiguousarray(codes), scales.astype(dtype), offsets.astype(dtype)
+    return pack_codes(codes, bits), scales.astype(dtype), offsets.astype(dtype)
+
+
+def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """One code per byte [n, kp] in weight order -> the kernels' [n, kp * bits / 8]."""
+    n, kp = codes.shape
+    # a group's 4 blocks x 2 halves of 16 -> its "lo" run (first halves) and "hi" run
+    runs = codes.reshape(n, kp // GROUP, 4, 2, 16).transpose(0, 1, 3, 2, 4)
+    if bits == 4:  # byte i: lo[i] low nibble, hi[i] high nibble
+        return np.ascontiguousarray(runs[:, :, 0] | (runs[:, :, 1] << np.uint8(4))).reshape(n, -1)
+    return np.ascontiguousarray(runs).reshape(n, -1)
 
 
 def unpack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
-    """The kernels' packed codes [n, kp * bits / 8] -> one code per byte [n, kp]."""
-    if bits == 8:
-        return codes
+    """The kernels' packed codes [n, kp * bits / 8] -> one code per byte [n, kp], in
+    weight order."""
     n = codes.shape[0]
-    groups = codes.reshape(n, -1, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    return (groups & np.uint8(15)).reshape(n, -1)
+    if bits == 4:
+        shifted = codes.reshape(n, -1, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+        codes = shifted & np.uint8(15)
+    runs = codes.reshape(n, -1, 2, 4, 16)  # group, run (lo/hi), block, position
+    return np.ascontiguousarray(runs.transpose(0, 1, 3, 2, 4)).reshape(n, -1)
 
 
 def _exact_in_half(values: np.ndarray) -> bool:

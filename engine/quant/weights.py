@@ -64,7 +64,8 @@ class QuantWeight:
         parameters), so rows of two formats can share one matrix."""
         codes = self.codes
         if bits != self.bits:
-            codes = torch.from_numpy(layout.unpack_codes(codes.numpy(), self.bits).copy())
+            codes = torch.from_numpy(layout.pack_codes(
+                layout.unpack_codes(codes.numpy(), self.bits), bits))
         scales, offsets = (t.repeat_interleave(self.sub // sub, dim=1).to(dtype)
                            for t in (self.scales, self.offsets))
         return replace(self, codes=codes, scales=scales, offsets=offsets, bits=bits, sub=sub)

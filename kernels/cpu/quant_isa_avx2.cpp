@@ -14,7 +14,7 @@
 namespace tokenwire::quant::avx2 {
 namespace {
 
-// A group's 128 codes as bytes, in weight order.
+// A group's 128 codes as bytes, in its lo/hi order (that of the activations too).
 template <int Bits>
 inline void unpack_group(const uint8_t* group, uint8_t* out) {
   if constexpr (Bits == 4) {
@@ -63,8 +63,9 @@ void row(const Gemm& g, int64_t j) {
       const float* sums = x.sums + r * subs;
       __m256 acc = _mm256_setzero_ps();
       float offset_sum = 0.f;
-      for (int64_t t = 0; t < kGroup; t += 16) {
-        const int64_t s = (gi * kGroup + t) / w.sub;
+      for (int64_t t = 0; t < kGroup; t += 16) {  // run t / 64, block t / 16 % 4
+        const int64_t block = gi * 4 + t / 16 % 4;
+        const int64_t s = w.sub == 32 ? block : 2 * block + t / 64;
         const float ds = param_at(srow, w.half, s) * d[s];
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot2(codes + t, p1 + t, p2 + t)),
                               _mm256_set1_ps(ds), acc);

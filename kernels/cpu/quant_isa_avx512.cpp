@@ -2,16 +2,20 @@
 // into 16 int32 lanes per instruction), compiled for that set alone and called only where
 // the CPU has it (quant_linear.cpp).
 //
-// One group of 128 weights, one weight row, one activation row:
+// One group of 128 weights of one weight row against one activation row (sub 32):
 //
-//   codes lo = weights 0-63, hi = weights 64-127 (quant_kernels.h's layout)
-//   S_lo = 128 * dpbusd(lo, p1[0:64]) + dpbusd(lo, p2[0:64])      16 int32 lanes,
-//   S_hi = the same over weights 64-127                            lane l = weights 4l..4l+3
-//   acc += float(S_lo) * (scale * d)[sub of lane] + float(S_hi) * (...)
-//          + offsets . sums                                       (one vector op each)
+//   S = 128 * (lo . p1_lo + hi . p1_hi) + lo . p2_lo + hi . p2_hi     16 int32 lanes,
+//                                                                      lanes 4b..4b+3: block b
+//   acc += float(S) * (scale * d)[lane / 4] + offsets . sums
 //
-// A tile is 1 weight row x R activation rows: the row's codes are unpacked once per group
-// and dotted with every activation row of the tile.
+// Against 4 activation rows the 4 rows' S are first summed within each block and
+// interleaved (lane 4b + r: block b, row r), so one conversion, one multiply and one fma
+// serve 4 rows:
+//
+//   S_r = [b0: s s s s | b1: s s s s | b2 ... | b3 ...]   r = 0..3
+//   T   = [b0: S_0 S_1 S_2 S_3 | b1: ... | b2 ... | b3 ...]   (two unpack + add rounds)
+//
+// With sub 16 (Q6_K) the lo and hi runs of a block have their own scales and are kept apart.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -38,11 +42,22 @@ inline void load_codes(const uint8_t* group, __m512i& lo, __m512i& hi) {
   }
 }
 
-// 128 * (codes . p1) + codes . p2 in each int32 lane.
-inline __m512i dot2(__m512i codes, const int8_t* p1, const int8_t* p2) {
-  __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(p1));
-  s = _mm512_slli_epi32(s, 7);  // kLevel2
-  return _mm512_dpbusd_epi32(s, codes, _mm512_loadu_si512(p2));
+inline __m512i dpbusd(__m512i acc, __m512i codes, const int8_t* p) {
+  return _mm512_dpbusd_epi32(acc, codes, _mm512_loadu_si512(p));
+}
+
+// 128 * (codes . p1) + codes . p2 per lane: s[0] over both runs (sub 32), or s[0] over lo
+// and s[1] over hi (sub 16).
+template <int Sub>
+inline void dots(__m512i lo, __m512i hi, const int8_t* p1, const int8_t* p2, __m512i* s) {
+  const __m512i zero = _mm512_setzero_si512();
+  if constexpr (Sub == 32) {
+    const __m512i level1 = dpbusd(dpbusd(zero, lo, p1), hi, p1 + 64);
+    s[0] = dpbusd(dpbusd(_mm512_slli_epi32(level1, 7), lo, p2), hi, p2 + 64);  // kLevel2
+  } else {
+    s[0] = dpbusd(_mm512_slli_epi32(dpbusd(zero, lo, p1), 7), lo, p2);
+    s[1] = dpbusd(_mm512_slli_epi32(dpbusd(zero, hi, p1 + 64), 7), hi, p2 + 64);
+  }
 }
 
 // A group's 128 / Sub scales or offsets (4 or 8) as floats in the low lanes, the rest zero.
@@ -67,50 +82,101 @@ inline __m512 load_params(const void* row, int64_t first) {
   }
 }
 
-// Which of the group's sub-blocks each int32 lane of S_lo (hi: + 128 / Sub / 2) belongs to.
+// The group's sub-block of each lane (lane / 4 is its block) in run h: b, or 2b + h (sub 16).
 template <int Sub>
-inline __m512i lane_subs(int half) {
-  const int per = Sub / 4, base = half * (64 / Sub);
+inline __m512i lane_subs(int h) {
   alignas(64) int idx[16];
-  for (int l = 0; l < 16; ++l) idx[l] = base + l / per;
+  for (int l = 0; l < 16; ++l) idx[l] = Sub == 32 ? l / 4 : 2 * (l / 4) + h;
   return _mm512_load_si512(idx);
 }
 
-template <int Bits, int Sub, bool Half, int R>
-void tile(const Gemm& g, int64_t j, int64_t m0) {
-  const Weights& w = g.w;
-  const Activations& x = g.x;
-  constexpr int kSubs = kGroup / Sub;
-  const int64_t subs = w.kp / Sub, cb = code_bytes(w.kp, Bits), pbytes = Half ? 2 : 4;
-  const __m512i idx_lo = lane_subs<Sub>(0), idx_hi = lane_subs<Sub>(1);
-  const uint8_t* codes = w.codes + j * cb;
-  const auto* srow = static_cast<const char*>(w.scales) + j * subs * pbytes;
-  const auto* orow = static_cast<const char*>(w.offsets) + j * subs * pbytes;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t gi = 0; gi < w.kp / kGroup; ++gi) {
-    const uint8_t* group = codes + gi * (kGroup * Bits / 8);
+// Lane 4b + r of the result: the sum of block b's 4 lanes of s[r].
+inline __m512i interleave_sums(const __m512i* s) {
+  const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(s[0], s[1]),
+                                       _mm512_unpackhi_epi32(s[0], s[1]));
+  const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(s[2], s[3]),
+                                       _mm512_unpackhi_epi32(s[2], s[3]));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+}
+
+template <int Bits, int Sub, bool Half>
+struct Row {  // one weight row's codes, scales and offsets
+  int64_t stride;  // bytes of codes per row
+  const uint8_t* codes;
+  const void* scales;
+  const void* offsets;
+
+  Row(const Weights& w, int64_t j)
+      : stride(code_bytes(w.kp, Bits)),
+        codes(w.codes + j * stride),
+        scales(static_cast<const char*>(w.scales) + j * (w.kp / Sub) * (Half ? 2 : 4)),
+        offsets(static_cast<const char*>(w.offsets) + j * (w.kp / Sub) * (Half ? 2 : 4)) {}
+
+  // Codes of group g (prefetching the same group kAhead rows on).
+  void group(int64_t g, __m512i& lo, __m512i& hi) const {
+    const uint8_t* at = codes + g * (kGroup * Bits / 8);
     for (int c = 0; c < Bits / 4; ++c)
-      _mm_prefetch(reinterpret_cast<const char*>(group + kAhead * cb + 64 * c), _MM_HINT_T0);
-    __m512i lo, hi;
-    load_codes<Bits>(group, lo, hi);
-    const __m512 scale = load_params<Sub, Half>(srow, gi * kSubs);
-    const __m512 offset = load_params<Sub, Half>(orow, gi * kSubs);
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = m0 + r;
-      const int8_t* p1 = x.p1 + row * x.kp + gi * kGroup;
-      const int8_t* p2 = x.p2 + row * x.kp + gi * kGroup;
-      const __m512 ds = _mm512_mul_ps(scale, load_params<Sub, false>(x.d + row * subs, gi * kSubs));
-      __m512 a = acc[r];
-      a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot2(lo, p1, p2)), _mm512_permutexvar_ps(idx_lo, ds), a);
-      a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot2(hi, p1 + 64, p2 + 64)),
-                          _mm512_permutexvar_ps(idx_hi, ds), a);
-      // zero past the group's sub-blocks
-      acc[r] = _mm512_fmadd_ps(offset, load_params<Sub, false>(x.sums + row * subs, gi * kSubs), a);
+      _mm_prefetch(reinterpret_cast<const char*>(at + kAhead * stride + 64 * c), _MM_HINT_T0);
+    load_codes<Bits>(at, lo, hi);
+  }
+};
+
+// Weight row j against activation row `row`.
+template <int Bits, int Sub, bool Half>
+float dot_row(const Gemm& g, int64_t j, int64_t row) {
+  constexpr int kSubs = kGroup / Sub, kHalves = Sub == 32 ? 1 : 2;
+  const Activations& x = g.x;
+  const Row<Bits, Sub, Half> w(g.w, j);
+  const int64_t subs = g.w.kp / Sub;
+  const __m512i idx[2] = {lane_subs<Sub>(0), lane_subs<Sub>(1)};
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t gi = 0; gi < g.w.kp / kGroup; ++gi) {
+    __m512i lo, hi, s[2];
+    w.group(gi, lo, hi);
+    dots<Sub>(lo, hi, x.p1 + row * x.kp + gi * kGroup, x.p2 + row * x.kp + gi * kGroup, s);
+    const __m512 ds = _mm512_mul_ps(load_params<Sub, Half>(w.scales, gi * kSubs),
+                                    load_params<Sub, false>(x.d + row * subs, gi * kSubs));
+    for (int h = 0; h < kHalves; ++h)
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[h]), _mm512_permutexvar_ps(idx[h], ds), acc);
+    acc = _mm512_fmadd_ps(load_params<Sub, Half>(w.offsets, gi * kSubs),  // zero-padded
+                          load_params<Sub, false>(x.sums + row * subs, gi * kSubs), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// Weight row j against the 4 activation rows of tile q: out[r] for r = 0..3.
+template <int Bits, int Sub, bool Half>
+void dot_tile(const Gemm& g, int64_t j, int64_t q, float* out) {
+  constexpr int kSubs = kGroup / Sub, kHalves = Sub == 32 ? 1 : 2;
+  const Activations& x = g.x;
+  const Row<Bits, Sub, Half> w(g.w, j);
+  const int64_t groups = g.w.kp / kGroup;
+  const __m512i idx[2] = {lane_subs<Sub>(0), lane_subs<Sub>(1)};
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    __m512i lo, hi, s[2][4];
+    w.group(gi, lo, hi);
+    for (int r = 0; r < 4; ++r) {
+      const int64_t at = (4 * q + r) * x.kp + gi * kGroup;
+      __m512i sr[2];
+      dots<Sub>(lo, hi, x.p1 + at, x.p2 + at, sr);
+      for (int h = 0; h < kHalves; ++h) s[h][r] = sr[h];
+    }
+    const __m512 scale = load_params<Sub, Half>(w.scales, gi * kSubs);
+    const __m512 offset = load_params<Sub, Half>(w.offsets, gi * kSubs);
+    for (int h = 0; h < kHalves; ++h) {
+      const int64_t at = ((q * groups + gi) * kHalves + h) * 16;
+      const __m512 ds = _mm512_mul_ps(_mm512_permutexvar_ps(idx[h], scale),
+                                      _mm512_loadu_ps(x.d4 + at));
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(interleave_sums(s[h])), ds, acc);
+      acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx[h], offset), _mm512_loadu_ps(x.sums4 + at),
+                            acc);
     }
   }
-  for (int r = 0; r < R; ++r)
-    g.out[(m0 + r) * w.n + j] = _mm512_reduce_add_ps(acc[r]) + (g.bias ? g.bias[j] : 0.f);
+  // lanes 4b + r -> row r: add the blocks
+  const __m256 b01 = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(b01), _mm256_extractf128_ps(b01, 1)));
 }
 
 // Blocks of kTileRows weight rows x kTileRows activation rows: the weight rows stream from
@@ -120,13 +186,19 @@ constexpr int64_t kTileRows = 16;
 
 template <int Bits, int Sub, bool Half>
 void gemm_layout(const Gemm& g, int64_t n_begin, int64_t n_end) {
+  const int64_t n = g.w.n;
   for (int64_t j0 = n_begin; j0 < n_end; j0 += kTileRows) {
     for (int64_t m0 = 0; m0 < g.x.m; m0 += kTileRows) {
       const int64_t m1 = std::min(g.x.m, m0 + kTileRows);
       for (int64_t j = j0; j < std::min(n_end, j0 + kTileRows); ++j) {
+        const float bias = g.bias ? g.bias[j] : 0.f;
         int64_t m = m0;
-        for (; m + 2 <= m1; m += 2) tile<Bits, Sub, Half, 2>(g, j, m);
-        if (m < m1) tile<Bits, Sub, Half, 1>(g, j, m);
+        for (; m + 4 <= m1; m += 4) {
+          float out[4];
+          dot_tile<Bits, Sub, Half>(g, j, m / 4, out);
+          for (int r = 0; r < 4; ++r) g.out[(m + r) * n + j] = out[r] + bias;
+        }
+        for (; m < m1; ++m) g.out[m * n + j] = dot_row<Bits, Sub, Half>(g, j, m) + bias;
       }
     }
   }

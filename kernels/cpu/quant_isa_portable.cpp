@@ -22,8 +22,8 @@ void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
       for (int64_t s = 0; s < subs; ++s) {
         int32_t dot1 = 0, dot2 = 0;
         for (int64_t t = s * w.sub; t < (s + 1) * w.sub; ++t) {
-          dot1 += codes[t] * p1[t];
-          dot2 += codes[t] * p2[t];
+          dot1 += codes[t] * p1[lohi_index(t)];
+          dot2 += codes[t] * p2[lohi_index(t)];
         }
         const float ds = param_at(srow, w.half, s) * x.d[r * subs + s];
         acc += float(dot1 * kLevel2 + dot2) * ds + param_at(orow, w.half, s) * x.sums[r * subs + s];

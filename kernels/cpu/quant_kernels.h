@@ -8,13 +8,19 @@
 //   scales   fp16 or fp32 [n, kp / sub] sub = 32 (Q4_0, Q4_1, Q8_0, Q4_K) or 16 (Q6_K)
 //   offsets  same shape and type        padding weights: code 0, scale 0, offset 0
 //
-//   one group of 128 weights, 4-bit codes (64 bytes):  byte i = w[i] | w[64 + i] << 4
-//   one group of 128 weights, 8-bit codes (128 bytes): byte i = w[i]
+// A group of 128 weights is 4 blocks of 32, each split in halves of 16; its codes are a
+// "lo" run of 64 (the first halves of blocks 0-3) and a "hi" run (the second halves):
 //
-// So a group's low nibbles (or first 64 bytes) are weights 0-63 and its high nibbles
-// weights 64-127, both in order: one 64-byte load gives 64 codes of one half-group.
+//   lo run, position 16 b + t  =  weight 32 b + t        (b = block 0-3, t = 0-15)
+//   hi run, position 16 b + t  =  weight 32 b + 16 + t
+//   4-bit: byte i of the group's 64 = lo[i] | hi[i] << 4  (ggml's own Q4 nibble order)
+//   8-bit: the group's 128 bytes    = lo run, then hi run
 //
-// Activations are quantized per row in blocks of 32 at two int8 levels (quantize_rows):
+// so in a 64-code vector each int32 lane of a dot (4 codes) lies in one block: lanes
+// 4b..4b+3 are block b in both runs, and lo + hi sums are whole blocks.
+//
+// Activations are quantized per row in blocks of 32 at two int8 levels (quantize_rows),
+// stored in the same lo/hi order as the codes:
 //   x ~= d * (p1 + p2 / 128),  d = max|x| / 127,  |x - that| <= d / 256
 // so sum(code * x) over a block is d / 128 * (128 * sum(code * p1) + sum(code * p2)): exact
 // integer dots, one float scale per block. A single int8 level (llama.cpp's Q8_1) kept 3
@@ -41,10 +47,15 @@ struct Weights {
 };
 
 struct Activations {
-  const int8_t* p1;    // [m, kp]
+  const int8_t* p1;    // [m, kp], each group in lo/hi order
   const int8_t* p2;    // [m, kp]
   const float* d;      // [m, kp / sub]: the block's d / kLevel2, repeated per sub-block
   const float* sums;   // [m, kp / sub]: exact sum of x over each sub-block
+  // The same per whole tile of 4 rows, transposed for the 4-row kernels: for tile q,
+  // group g, run h (sub 16 only: h = 0 lo, 1 hi) and block b, the 4 rows' values are at
+  // [((q * groups + g) * halves + h) * 16 + 4 b + r], halves = 2 for sub 16, else 1.
+  const float* d4;
+  const float* sums4;
   int64_t m, kp;
 };
 
@@ -92,12 +103,18 @@ inline float param_at(const void* row, bool half, int64_t i) {
 
 inline int64_t code_bytes(int64_t kp, int bits) { return kp * bits / 8; }
 
+// Where weight j of a row sits in its group's lo/hi order (0-63 lo, 64-127 hi).
+inline int64_t lohi_index(int64_t j) {
+  const int64_t i = j % kGroup, block = i / kBlock, t = i % kBlock;
+  return j - i + (t / 16) * 64 + block * 16 + t % 16;
+}
+
 // Code j of a row (the layout above).
 inline int code_at(const uint8_t* row, int bits, int64_t j) {
-  if (bits == 8) return row[j];
-  const int64_t g = j / kGroup, i = j % kGroup;
-  const uint8_t b = row[g * 64 + (i & 63)];
-  return i < 64 ? (b & 15) : (b >> 4);
+  const int64_t at = lohi_index(j);
+  if (bits == 8) return row[at];
+  const uint8_t b = row[at / kGroup * 64 + at % 64];
+  return at % kGroup < 64 ? (b & 15) : (b >> 4);
 }
 
 }  // namespace tokenwire::quant

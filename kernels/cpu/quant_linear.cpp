@@ -57,13 +57,15 @@ Weights weights_of(const at::Tensor& codes, const at::Tensor& scales, const at::
                  kp, int(bits), int(sub), half};
 }
 
-// Buffers of quantize_rows: p1 and p2 [m, kp] int8, then d and sums [m, kp / sub] fp32.
+// Buffers of quantize_rows: p1 and p2 [m, kp] int8, d and sums [m, kp / sub] and their
+// 4-row-tile transposes (quant_kernels.h's Activations).
 struct QuantizedRows {
   at::Tensor codes, floats;
   Activations view;
 };
 
-// One row of x [k] -> two int8 levels per 32-block and per-sub-block d and exact sums.
+// One row of x [k] -> two int8 levels per 32-block (in lo/hi order) and per-sub-block d
+// and exact sums.
 void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p1, int8_t* p2,
                   float* d, float* sums) {
   for (int64_t b = 0; b < kp; b += kBlock) {
@@ -75,8 +77,8 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p1, in
     for (int64_t t = b; t < b + kBlock; ++t) {
       const float v = t < k ? x[t] * inv : 0.f;
       const float q1 = std::nearbyint(v);
-      p1[t] = static_cast<int8_t>(q1);
-      p2[t] = static_cast<int8_t>(std::nearbyint((v - q1) * float(kLevel2)));
+      p1[lohi_index(t)] = static_cast<int8_t>(q1);
+      p2[lohi_index(t)] = static_cast<int8_t>(std::nearbyint((v - q1) * float(kLevel2)));
     }
     for (int64_t s = b; s < b + kBlock; s += sub) {
       float sum = 0.f;
@@ -87,20 +89,35 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p1, in
   }
 }
 
+// d or sums of rows 4q..4q+3 ([4][subs], row-major) -> tile q's transposed layout.
+void transpose_tile(const float* rows, int64_t subs, int sub, float* out) {
+  const int64_t halves = sub == 16 ? 2 : 1, per_group = kGroup / sub;
+  for (int64_t g = 0; g < subs / per_group; ++g)
+    for (int64_t h = 0; h < halves; ++h)
+      for (int64_t b = 0; b < 4; ++b)
+        for (int64_t r = 0; r < 4; ++r)
+          out[(g * halves + h) * 16 + 4 * b + r] = rows[r * subs + g * per_group + b * halves + h];
+}
+
 QuantizedRows quantize_rows(const at::Tensor& x, int64_t kp, int sub) {
-  const int64_t m = x.size(0), k = x.size(1), subs = kp / sub;
+  const int64_t m = x.size(0), k = x.size(1), subs = kp / sub, tiles = m / 4;
   QuantizedRows q;
   q.codes = at::empty({2, m, kp}, at::TensorOptions().dtype(at::kChar));
-  q.floats = at::empty({2, m, subs}, at::TensorOptions().dtype(at::kFloat));
+  q.floats = at::empty({4, m, subs}, at::TensorOptions().dtype(at::kFloat));
   int8_t* p1 = q.codes.data_ptr<int8_t>();
-  float* d = q.floats.data_ptr<float>();
+  float* f = q.floats.data_ptr<float>();
+  float *d = f, *sums = f + m * subs, *d4 = f + 2 * m * subs, *sums4 = f + 3 * m * subs;
   const float* xp = x.data_ptr<float>();
   at::parallel_for(0, m, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       quantize_row(xp + r * k, k, kp, sub, p1 + r * kp, p1 + (m + r) * kp, d + r * subs,
-                   d + (m + r) * subs);
+                   sums + r * subs);
   });
-  q.view = Activations{p1, p1 + m * kp, d, d + m * subs, m, kp};
+  for (int64_t t = 0; t < tiles; ++t) {
+    transpose_tile(d + 4 * t * subs, subs, sub, d4 + 4 * t * subs);
+    transpose_tile(sums + 4 * t * subs, subs, sub, sums4 + 4 * t * subs);
+  }
+  q.view = Activations{p1, p1 + m * kp, d, sums, d4, sums4, m, kp};
   return q;
 }
 
