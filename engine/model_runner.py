@@ -9,6 +9,7 @@ import functools
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -46,9 +47,8 @@ class ModelRunner:
         self.sample_vocab = min(c.vocab_size, len(loaded.tokenizer))
         self.num_blocks = config.num_kv_blocks or self._measure_num_blocks(c, max_model_len)
         shape = (self.num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
-                          for _ in range(c.num_layers)]
+        self.kv_caches = [(_zeros(shape, self.dtype, self.device),
+                           _zeros(shape, self.dtype, self.device)) for _ in range(c.num_layers)]
         self.graphs = self._decode_graphs(max_model_len)
 
     def _backends(self, c):
@@ -222,6 +222,15 @@ def _pad(step: HostInputs, size: int) -> dict[str, torch.Tensor]:
         host["seq_lens"] = F.pad(host["seq_lens"], (0, pad), value=0)
         host["block_tables"] = F.pad(host["block_tables"], (0, 0, 0, pad))
     return host
+
+
+def _zeros(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed KV tensor. On CPU through calloc (numpy's zeros): the OS maps zero pages
+    that take memory only once written, so a pool sized for a whole context costs what
+    the live sequences use (torch.zeros writes every page at once)."""
+    if device.type == "cpu" and dtype in (torch.float32, torch.float16):
+        return torch.from_numpy(np.zeros(shape, dtype=str(dtype).removeprefix("torch.")))
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def _cumsum(values: list[int]) -> list[int]:

@@ -30,13 +30,18 @@ inline void unpack_group(const uint8_t* group, uint8_t* out) {
   }
 }
 
-// 128 * (codes . p1) + codes . p2 over 16 weights, in 8 int32 lanes.
-inline __m256i dot2(const uint8_t* codes, const int8_t* p1, const int8_t* p2) {
+inline __m256i dot(__m256i codes, const int8_t* p) {
+  return _mm256_madd_epi16(
+      codes, _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// codes . (p1 + p2 / 128 + p3 / 128^2) * 128^2 over 16 weights, in 8 float lanes: levels 1-2
+// in int32, level 3 apart (the three together can pass 2^31 with 8-bit codes).
+inline __m256 dot_levels(const uint8_t* codes, const int8_t* const* p) {
   const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
-  const __m256i a1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p1)));
-  const __m256i a2 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p2)));
-  return _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(c, a1), 7),  // kLevel2
-                          _mm256_madd_epi16(c, a2));
+  const __m256i s12 = _mm256_add_epi32(_mm256_slli_epi32(dot(c, p[0]), kLevelShift), dot(c, p[1]));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s12), _mm256_set1_ps(float(1 << kLevelShift)),
+                         _mm256_cvtepi32_ps(dot(c, p[2])));
 }
 
 inline float hsum(__m256 v) {
@@ -57,8 +62,7 @@ void row(const Gemm& g, int64_t j) {
   for (int64_t gi = 0; gi < w.kp / kGroup; ++gi) {
     unpack_group<Bits>(w.codes + j * cb + gi * (kGroup * Bits / 8), codes);
     for (int64_t r = 0; r < x.m; ++r) {
-      const int8_t* p1 = x.p1 + r * x.kp + gi * kGroup;
-      const int8_t* p2 = x.p2 + r * x.kp + gi * kGroup;
+      const int64_t at = r * x.kp + gi * kGroup;
       const float* d = x.d + r * subs;
       const float* sums = x.sums + r * subs;
       __m256 acc = _mm256_setzero_ps();
@@ -67,8 +71,8 @@ void row(const Gemm& g, int64_t j) {
         const int64_t block = gi * 4 + t / 16 % 4;
         const int64_t s = w.sub == 32 ? block : 2 * block + t / 64;
         const float ds = param_at(srow, w.half, s) * d[s];
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot2(codes + t, p1 + t, p2 + t)),
-                              _mm256_set1_ps(ds), acc);
+        const int8_t* p[kLevels] = {x.p[0] + at + t, x.p[1] + at + t, x.p[2] + at + t};
+        acc = _mm256_fmadd_ps(dot_levels(codes + t, p), _mm256_set1_ps(ds), acc);
       }
       for (int64_t s = gi * kGroup / w.sub; s < (gi + 1) * kGroup / w.sub; ++s)
         offset_sum += param_at(orow, w.half, s) * sums[s];

@@ -2,14 +2,15 @@
 // into 16 int32 lanes per instruction), compiled for that set alone and called only where
 // the CPU has it (quant_linear.cpp).
 //
-// One group of 128 weights of one weight row against one activation row (sub 32):
+// One group of 128 weights of one weight row against one activation row (sub 32), with
+// code.p = lo . p_lo + hi . p_hi over the group's two runs, 16 int32 lanes (lanes 4b..4b+3:
+// block b):
 //
-//   S = 128 * (lo . p1_lo + hi . p1_hi) + lo . p2_lo + hi . p2_hi     16 int32 lanes,
-//                                                                      lanes 4b..4b+3: block b
+//   S = 128^2 code.p1 + 128 code.p2 + code.p3    (8-bit codes: the last level apart)
 //   acc += float(S) * (scale * d)[lane / 4] + offsets . sums
 //
-// Against 4 activation rows the 4 rows' S are first summed within each block and
-// interleaved (lane 4b + r: block b, row r), so one conversion, one multiply and one fma
+// Against 4 activation rows the 4 rows' sums are first added within each block and
+// interleaved (lane 4b + r: block b, row r), so the conversions, one multiply and one fma
 // serve 4 rows:
 //
 //   S_r = [b0: s s s s | b1: s s s s | b2 ... | b3 ...]   r = 0..3
@@ -19,6 +20,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "quant_kernels.h"
 
@@ -46,21 +48,48 @@ inline __m512i dpbusd(__m512i acc, __m512i codes, const int8_t* p) {
   return _mm512_dpbusd_epi32(acc, codes, _mm512_loadu_si512(p));
 }
 
-// 128 * (codes . p1) + codes . p2 per lane: s[0] over both runs (sub 32), or s[0] over lo
-// and s[1] over hi (sub 16).
-template <int Sub>
-inline void dots(__m512i lo, __m512i hi, const int8_t* p1, const int8_t* p2, __m512i* s) {
+// The dots of one group (level l's at p[l] + at) per lane, over both runs (sub 32) or
+// over each run apart (sub 16: [0] lo, [1] hi, each with its own scale). 4-bit codes keep
+// all levels in one int32, s = 128^2 code.p1 + 128 code.p2 + code.p3 (< 2^31 even summed
+// over a block of 32); 8-bit codes could pass that, so s = 128 code.p1 + code.p2 and
+// s3 = code.p3.
+struct Dots {
+  __m512i s[2], s3[2];
+};
+
+template <int Bits, int Sub>
+inline Dots dots(__m512i lo, __m512i hi, const int8_t* const* p, int64_t at) {
   const __m512i zero = _mm512_setzero_si512();
-  if constexpr (Sub == 32) {
-    const __m512i level1 = dpbusd(dpbusd(zero, lo, p1), hi, p1 + 64);
-    s[0] = dpbusd(dpbusd(_mm512_slli_epi32(level1, 7), lo, p2), hi, p2 + 64);  // kLevel2
-  } else {
-    s[0] = dpbusd(_mm512_slli_epi32(dpbusd(zero, lo, p1), 7), lo, p2);
-    s[1] = dpbusd(_mm512_slli_epi32(dpbusd(zero, hi, p1 + 64), 7), hi, p2 + 64);
+  constexpr int kRuns = Sub == 32 ? 2 : 1;  // runs summed into one dot
+  Dots out;
+  for (int h = 0; h < 3 - kRuns; ++h) {
+    // level l over the runs of this dot, added to acc
+    auto level = [&](__m512i acc, int l) {
+      for (int run = h; run < h + kRuns; ++run)
+        acc = dpbusd(acc, run ? hi : lo, p[l] + at + 64 * run);
+      return acc;
+    };
+    // three independent chains, then combined: shorter latency than one chain through all
+    const __m512i s1 = level(zero, 0), s2 = level(zero, 1), s3 = level(zero, 2);
+    const __m512i s12 = _mm512_add_epi32(_mm512_slli_epi32(s1, kLevelShift), s2);
+    if constexpr (Bits == 4) {
+      out.s[h] = _mm512_add_epi32(_mm512_slli_epi32(s12, kLevelShift), s3);
+    } else {
+      out.s[h] = s12;
+      out.s3[h] = s3;
+    }
   }
+  return out;
 }
 
-// A group's 128 / Sub scales or offsets (4 or 8) as floats in the low lanes, the rest zero.
+// A dot's value as floats: the group's dot against the rounded activations, times 128^2.
+template <int Bits>
+inline __m512 levels(__m512i s, __m512i s3) {
+  if constexpr (Bits == 4) return _mm512_cvtepi32_ps(s);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(float(1 << kLevelShift)),
+                         _mm512_cvtepi32_ps(s3));
+}
+
 template <int Sub, bool Half>
 inline __m512 load_params(const void* row, int64_t first) {
   if constexpr (Sub == 32) {
@@ -131,13 +160,14 @@ float dot_row(const Gemm& g, int64_t j, int64_t row) {
   const __m512i idx[2] = {lane_subs<Sub>(0), lane_subs<Sub>(1)};
   __m512 acc = _mm512_setzero_ps();
   for (int64_t gi = 0; gi < g.w.kp / kGroup; ++gi) {
-    __m512i lo, hi, s[2];
+    __m512i lo, hi;
     w.group(gi, lo, hi);
-    dots<Sub>(lo, hi, x.p1 + row * x.kp + gi * kGroup, x.p2 + row * x.kp + gi * kGroup, s);
+    const Dots s = dots<Bits, Sub>(lo, hi, x.p, row * x.kp + gi * kGroup);
     const __m512 ds = _mm512_mul_ps(load_params<Sub, Half>(w.scales, gi * kSubs),
                                     load_params<Sub, false>(x.d + row * subs, gi * kSubs));
     for (int h = 0; h < kHalves; ++h)
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[h]), _mm512_permutexvar_ps(idx[h], ds), acc);
+      acc = _mm512_fmadd_ps(levels<Bits>(s.s[h], s.s3[h]), _mm512_permutexvar_ps(idx[h], ds),
+                            acc);
     acc = _mm512_fmadd_ps(load_params<Sub, Half>(w.offsets, gi * kSubs),  // zero-padded
                           load_params<Sub, false>(x.sums + row * subs, gi * kSubs), acc);
   }
@@ -154,13 +184,11 @@ void dot_tile(const Gemm& g, int64_t j, int64_t q, float* out) {
   const __m512i idx[2] = {lane_subs<Sub>(0), lane_subs<Sub>(1)};
   __m512 acc = _mm512_setzero_ps();
   for (int64_t gi = 0; gi < groups; ++gi) {
-    __m512i lo, hi, s[2][4];
+    __m512i lo, hi, s[2][4], s3[2][4];
     w.group(gi, lo, hi);
     for (int r = 0; r < 4; ++r) {
-      const int64_t at = (4 * q + r) * x.kp + gi * kGroup;
-      __m512i sr[2];
-      dots<Sub>(lo, hi, x.p1 + at, x.p2 + at, sr);
-      for (int h = 0; h < kHalves; ++h) s[h][r] = sr[h];
+      const Dots dr = dots<Bits, Sub>(lo, hi, x.p, (4 * q + r) * x.kp + gi * kGroup);
+      for (int h = 0; h < kHalves; ++h) s[h][r] = dr.s[h], s3[h][r] = dr.s3[h];
     }
     const __m512 scale = load_params<Sub, Half>(w.scales, gi * kSubs);
     const __m512 offset = load_params<Sub, Half>(w.offsets, gi * kSubs);
@@ -168,7 +196,9 @@ void dot_tile(const Gemm& g, int64_t j, int64_t q, float* out) {
       const int64_t at = ((q * groups + gi) * kHalves + h) * 16;
       const __m512 ds = _mm512_mul_ps(_mm512_permutexvar_ps(idx[h], scale),
                                       _mm512_loadu_ps(x.d4 + at));
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(interleave_sums(s[h])), ds, acc);
+      const __m512 sums = Bits == 4 ? levels<4>(interleave_sums(s[h]), s[h][0])
+                                    : levels<8>(interleave_sums(s[h]), interleave_sums(s3[h]));
+      acc = _mm512_fmadd_ps(sums, ds, acc);
       acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx[h], offset), _mm512_loadu_ps(x.sums4 + at),
                             acc);
     }
@@ -211,6 +241,43 @@ void gemm_bits_sub(const Gemm& g, int64_t n_begin, int64_t n_end) {
 }
 
 }  // namespace
+
+void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
+                  float* d, float* sums) {
+  constexpr float kPerLevel = float(1 << kLevelShift);
+  const float d_unit = float(1 << (kLevelShift * (kLevels - 1)));
+  for (int64_t b = 0; b < kp; b += kBlock) {
+    // the block's halves: 16 weights each, 16 contiguous bytes of the lo and the hi run
+    const int64_t at = lohi_index(b);
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 half[2] = {b < k ? _mm512_loadu_ps(x + b) : zero,
+                            b < k ? _mm512_loadu_ps(x + b + 16) : zero};
+    const float amax = _mm512_reduce_max_ps(
+        _mm512_max_ps(_mm512_abs_ps(half[0]), _mm512_abs_ps(half[1])));
+    const float total = _mm512_reduce_add_ps(_mm512_add_ps(half[0], half[1]));
+    const bool finite = std::isfinite(total) && std::isfinite(amax);
+    const __m512 inv = _mm512_set1_ps(finite && amax > 0.f ? 127.f / amax : 0.f);
+    for (int h = 0; h < 2; ++h) {
+      __m512 v = _mm512_mul_ps(half[h], inv);
+      for (int level = 0; level < kLevels; ++level) {
+        const __m512 q = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p + level * stride + at + 64 * h),
+                         _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));
+        v = _mm512_mul_ps(_mm512_sub_ps(v, q), _mm512_set1_ps(kPerLevel));
+      }
+    }
+    const float scale = (finite ? amax / 127.f : NAN) / d_unit;
+    if (sub == 32) {
+      d[b / 32] = scale;
+      sums[b / 32] = total;
+    } else {
+      for (int h = 0; h < 2; ++h) {
+        d[b / 16 + h] = scale;
+        sums[b / 16 + h] = _mm512_reduce_add_ps(half[h]);
+      }
+    }
+  }
+}
 
 void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
   if (g.w.bits == 4) {

@@ -1,10 +1,51 @@
 // Quantized matmul for any CPU, compiled for the baseline instruction set: integer dots per
 // sub-block in plain C++, the reference the vector paths are tested against.
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "quant_kernels.h"
 
 namespace tokenwire::quant::portable {
+namespace {
+
+// Round to nearest, ties to even, for |v| <= 2^22: adding 1.5 * 2^23 leaves no fraction
+// bits (exact, as nearbyint in the default rounding mode, which on baseline x86-64 is a
+// libm call per element).
+inline float round_even(float v) {
+  constexpr float kMagic = 12582912.f;
+  return (v + kMagic) - kMagic;
+}
+
+}  // namespace
+
+void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
+                  float* d, float* sums) {
+  for (int64_t b = 0; b < kp; b += kBlock) {
+    float amax = 0.f, total = 0.f;
+    for (int64_t t = b; t < std::min(b + kBlock, k); ++t) {
+      amax = std::max(amax, std::fabs(x[t]));
+      total += x[t];
+    }
+    const bool finite = std::isfinite(total) && std::isfinite(amax);
+    const float scale = finite ? amax / 127.f : NAN;
+    const float inv = finite && amax > 0.f ? 127.f / amax : 0.f;
+    for (int64_t t = b; t < b + kBlock; ++t) {
+      float v = t < k ? x[t] * inv : 0.f;  // |v| <= 127, then each remainder <= 64
+      for (int level = 0; level < kLevels; ++level) {  // each level: what is left, x 128
+        const float q = round_even(v);
+        p[level * stride + lohi_index(t)] = static_cast<int8_t>(q);
+        v = (v - q) * float(1 << kLevelShift);
+      }
+    }
+    for (int64_t s = b; s < b + kBlock; s += sub) {
+      float sum = 0.f;
+      for (int64_t t = s; t < std::min(s + sub, k); ++t) sum += x[t];
+      d[s / sub] = scale / float(1 << (kLevelShift * (kLevels - 1)));
+      sums[s / sub] = sum;
+    }
+  }
+}
 
 void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
   const Weights& w = g.w;
@@ -16,17 +57,16 @@ void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
     const auto* srow = static_cast<const char*>(w.scales) + j * subs * pbytes;
     const auto* orow = static_cast<const char*>(w.offsets) + j * subs * pbytes;
     for (int64_t r = 0; r < x.m; ++r) {
-      const int8_t* p1 = x.p1 + r * x.kp;
-      const int8_t* p2 = x.p2 + r * x.kp;
       float acc = 0.f;
       for (int64_t s = 0; s < subs; ++s) {
-        int32_t dot1 = 0, dot2 = 0;
-        for (int64_t t = s * w.sub; t < (s + 1) * w.sub; ++t) {
-          dot1 += codes[t] * p1[lohi_index(t)];
-          dot2 += codes[t] * p2[lohi_index(t)];
-        }
+        int32_t dots[kLevels] = {};
+        for (int64_t t = s * w.sub; t < (s + 1) * w.sub; ++t)
+          for (int level = 0; level < kLevels; ++level)
+            dots[level] += codes[t] * x.p[level][r * x.kp + lohi_index(t)];
         const float ds = param_at(srow, w.half, s) * x.d[r * subs + s];
-        acc += float(dot1 * kLevel2 + dot2) * ds + param_at(orow, w.half, s) * x.sums[r * subs + s];
+        const float levels = float((dots[0] << kLevelShift) + dots[1]) * float(1 << kLevelShift) +
+                             float(dots[2]);
+        acc += levels * ds + param_at(orow, w.half, s) * x.sums[r * subs + s];
       }
       g.out[r * w.n + j] = acc + (g.bias ? g.bias[j] : 0.f);
     }

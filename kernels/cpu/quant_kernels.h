@@ -19,12 +19,13 @@
 // so in a 64-code vector each int32 lane of a dot (4 codes) lies in one block: lanes
 // 4b..4b+3 are block b in both runs, and lo + hi sums are whole blocks.
 //
-// Activations are quantized per row in blocks of 32 at two int8 levels (quantize_rows),
+// Activations are quantized per row in blocks of 32 at three int8 levels (quantize_rows),
 // stored in the same lo/hi order as the codes:
-//   x ~= d * (p1 + p2 / 128),  d = max|x| / 127,  |x - that| <= d / 256
-// so sum(code * x) over a block is d / 128 * (128 * sum(code * p1) + sum(code * p2)): exact
-// integer dots, one float scale per block. A single int8 level (llama.cpp's Q8_1) kept 3
-// of the 9 Hugging Face parity prompts greedy-identical; two levels keep all 9.
+//   x ~= d * (p1 + p2 / 128 + p3 / 128^2),  d = max|x| / 127,  |x - that| <= d / 2^15
+// so sum(code * x) over a block is d / 128^2 * (128 * (128 * code.p1 + code.p2) + code.p3):
+// exact integer dots, one float scale per block. With one int8 level (llama.cpp's Q8_1)
+// greedy output matched Hugging Face's fp32 on 3 of 9 parity prompts, with two on 9 of 9
+// but logprobs off by 4e-3; three keep logprobs within 1e-4 of fp32 activations'.
 // The offsets multiply the exact fp32 sum of x over each sub-block.
 #pragma once
 
@@ -35,7 +36,8 @@ namespace tokenwire::quant {
 
 constexpr int64_t kGroup = 128;  // weights per group of codes
 constexpr int64_t kBlock = 32;   // activation weights per quantization block
-constexpr int kLevel2 = 128;     // p2's weight against p1
+constexpr int kLevels = 3;       // int8 levels of an activation
+constexpr int kLevelShift = 7;   // each level is 1 / 128 (2^-7) of the one before
 
 struct Weights {
   const uint8_t* codes;
@@ -47,9 +49,8 @@ struct Weights {
 };
 
 struct Activations {
-  const int8_t* p1;    // [m, kp], each group in lo/hi order
-  const int8_t* p2;    // [m, kp]
-  const float* d;      // [m, kp / sub]: the block's d / kLevel2, repeated per sub-block
+  const int8_t* p[kLevels];  // [m, kp] each, each group in lo/hi order
+  const float* d;      // [m, kp / sub]: the block's d / 128^2, repeated per sub-block
   const float* sums;   // [m, kp / sub]: exact sum of x over each sub-block
   // The same per whole tile of 4 rows, transposed for the 4-row kernels: for tile q,
   // group g, run h (sub 16 only: h = 0 lo, 1 hi) and block b, the 4 rows' values are at
@@ -74,6 +75,21 @@ enum Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
 namespace portable { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
 namespace avx2 { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
 namespace avx512 { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
+
+// One row of x [k] -> its int8 levels (level l at p + l * stride, lo/hi order within each
+// group), and per sub-block the block's d / 128^2 and the exact sum of x. Padding blocks
+// (past k) get zeros; a block holding NaN or inf gets d = NaN, so its outputs are NaN as
+// fp32 arithmetic would make them. The AVX2 path uses the portable one.
+using QuantizeRow = void (*)(const float* x, int64_t k, int64_t kp, int sub, int8_t* p,
+                             int64_t stride, float* d, float* sums);
+namespace portable {
+void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
+                  float* d, float* sums);
+}
+namespace avx512 {
+void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
+                  float* d, float* sums);
+}
 
 // IEEE half -> float without F16C (portable kernels, embedding lookup, scale reads).
 inline float half_to_float(uint16_t h) {

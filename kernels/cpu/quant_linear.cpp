@@ -57,37 +57,12 @@ Weights weights_of(const at::Tensor& codes, const at::Tensor& scales, const at::
                  kp, int(bits), int(sub), half};
 }
 
-// Buffers of quantize_rows: p1 and p2 [m, kp] int8, d and sums [m, kp / sub] and their
+// Buffers of quantize_rows: the levels [m, kp] int8, d and sums [m, kp / sub] and their
 // 4-row-tile transposes (quant_kernels.h's Activations).
 struct QuantizedRows {
   at::Tensor codes, floats;
   Activations view;
 };
-
-// One row of x [k] -> two int8 levels per 32-block (in lo/hi order) and per-sub-block d
-// and exact sums.
-void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p1, int8_t* p2,
-                  float* d, float* sums) {
-  for (int64_t b = 0; b < kp; b += kBlock) {
-    float amax = 0.f;
-    for (int64_t t = b; t < std::min(b + kBlock, k); ++t) amax = std::max(amax, std::fabs(x[t]));
-    const bool finite = std::isfinite(amax);
-    const float scale = finite ? amax / 127.f : NAN;  // NaN/inf rows give NaN, as fp32 would
-    const float inv = finite && amax > 0.f ? 127.f / amax : 0.f;
-    for (int64_t t = b; t < b + kBlock; ++t) {
-      const float v = t < k ? x[t] * inv : 0.f;
-      const float q1 = std::nearbyint(v);
-      p1[lohi_index(t)] = static_cast<int8_t>(q1);
-      p2[lohi_index(t)] = static_cast<int8_t>(std::nearbyint((v - q1) * float(kLevel2)));
-    }
-    for (int64_t s = b; s < b + kBlock; s += sub) {
-      float sum = 0.f;
-      for (int64_t t = s; t < std::min(s + sub, k); ++t) sum += x[t];
-      d[s / sub] = scale / float(kLevel2);
-      sums[s / sub] = sum;
-    }
-  }
-}
 
 // d or sums of rows 4q..4q+3 ([4][subs], row-major) -> tile q's transposed layout.
 void transpose_tile(const float* rows, int64_t subs, int sub, float* out) {
@@ -99,25 +74,25 @@ void transpose_tile(const float* rows, int64_t subs, int sub, float* out) {
           out[(g * halves + h) * 16 + 4 * b + r] = rows[r * subs + g * per_group + b * halves + h];
 }
 
-QuantizedRows quantize_rows(const at::Tensor& x, int64_t kp, int sub) {
+QuantizedRows quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa) {
   const int64_t m = x.size(0), k = x.size(1), subs = kp / sub, tiles = m / 4;
   QuantizedRows q;
-  q.codes = at::empty({2, m, kp}, at::TensorOptions().dtype(at::kChar));
+  q.codes = at::empty({kLevels, m, kp}, at::TensorOptions().dtype(at::kChar));
   q.floats = at::empty({4, m, subs}, at::TensorOptions().dtype(at::kFloat));
-  int8_t* p1 = q.codes.data_ptr<int8_t>();
+  int8_t* p = q.codes.data_ptr<int8_t>();
   float* f = q.floats.data_ptr<float>();
   float *d = f, *sums = f + m * subs, *d4 = f + 2 * m * subs, *sums4 = f + 3 * m * subs;
   const float* xp = x.data_ptr<float>();
+  auto* quantize_row = isa == kAvx512 ? avx512::quantize_row : portable::quantize_row;
   at::parallel_for(0, m, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
-      quantize_row(xp + r * k, k, kp, sub, p1 + r * kp, p1 + (m + r) * kp, d + r * subs,
-                   sums + r * subs);
+      quantize_row(xp + r * k, k, kp, sub, p + r * kp, m * kp, d + r * subs, sums + r * subs);
   });
   for (int64_t t = 0; t < tiles; ++t) {
     transpose_tile(d + 4 * t * subs, subs, sub, d4 + 4 * t * subs);
     transpose_tile(sums + 4 * t * subs, subs, sub, sums4 + 4 * t * subs);
   }
-  q.view = Activations{p1, p1 + m * kp, d, sums, d4, sums4, m, kp};
+  q.view = Activations{{p, p + m * kp, p + 2 * m * kp}, d, sums, d4, sums4, m, kp};
   return q;
 }
 
@@ -136,7 +111,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
                 bias->numel() == w.n, "bias must be contiguous float32 [out_features]");
     bias_ptr = bias->data_ptr<float>();
   }
-  const QuantizedRows q = quantize_rows(x, w.kp, w.sub);
+  const QuantizedRows q = quantize_rows(x, w.kp, w.sub, isa);
   at::Tensor out = at::empty({x.size(0), w.n}, x.options());
   const Gemm g{w, q.view, bias_ptr, out.data_ptr<float>()};
   auto* gemm = isa == kAvx512 ? avx512::gemm : isa == kAvx2 ? avx2::gemm : portable::gemm;

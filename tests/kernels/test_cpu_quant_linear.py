@@ -57,18 +57,20 @@ def packed(rng, fmt, out_features, in_features):
     return QuantWeight.from_blocks(blocks, fmt, in_features), torch.from_numpy(dense).double()
 
 
-def two_level(x: np.ndarray) -> np.ndarray:
+def three_levels(x: np.ndarray) -> np.ndarray:
     """The kernels' activation rounding (quant_kernels.h), in the same fp32 steps:
-    per 32-block x ~= d * (p1 + p2 / 128) with d = max|x| / 127."""
+    per 32-block x ~= d * (p1 + p2 / 128 + p3 / 128^2) with d = max|x| / 127."""
     blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
     amax = np.abs(blocks).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0))
-    v = blocks * inv
-    p1 = np.rint(v)
-    p2 = np.rint((v - p1) * np.float32(128))
-    d = (amax / np.float32(127)).astype(np.float64)
-    return (d * (p1 + p2 / 128)).reshape(x.shape)
+        v = blocks * np.where(amax > 0, np.float32(127) / amax, np.float32(0))
+    rounded = np.zeros(blocks.shape, np.float64)
+    for level in range(3):
+        p = np.rint(v)
+        assert np.abs(p).max() <= (127 if level == 0 else 64)  # fits int8
+        rounded += p.astype(np.float64) / 128.0 ** level
+        v = (v - p) * np.float32(128)
+    return ((amax / np.float32(127)).astype(np.float64) * rounded).reshape(x.shape)
 
 
 def reference(x: torch.Tensor, weight: QuantWeight, dense: torch.Tensor) -> torch.Tensor:
@@ -76,7 +78,7 @@ def reference(x: torch.Tensor, weight: QuantWeight, dense: torch.Tensor) -> torc
     `+ offset` part of every weight) against the exact x, as the kernels take them."""
     offsets = torch.from_numpy(np.repeat(weight.offsets.numpy().astype(np.float64), weight.sub,
                                          axis=1)[:, :weight.in_features])
-    xr = torch.from_numpy(two_level(x.numpy()))
+    xr = torch.from_numpy(three_levels(x.numpy()))
     return xr @ (dense - offsets).T + x.double() @ offsets.T
 
 
@@ -103,18 +105,18 @@ def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
     expected = reference(x, weight, dense)
     scale = (x.double().abs() @ dense.abs().T).max().item()  # the size of the sums' terms
     torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-6 * scale)
-    # and against the unrounded activations: within the two-level rounding's bound
-    bound = x.double().abs().reshape(rows, -1, 32).amax(-1).repeat_interleave(32, 1) / 127 / 256
+    # and against the unrounded activations: within the rounding's bound
+    bound = x.double().abs().reshape(rows, -1, 32).amax(-1).repeat_interleave(32, 1) / 127 / 2**15
     assert ((out.double() - x.double() @ dense.T).abs() <= bound @ dense.abs().T
             + 2e-6 * scale).all()
 
 
-def test_two_level_rounding_is_finer_than_int8():
-    """The reason for the second level: one int8 level is off by up to d / 2."""
+def test_three_levels_round_to_a_2_15th_of_the_int8_step():
+    """One int8 level is off by up to d / 2; three by d / 2^15 (and fp32's own rounding)."""
     x = np.random.default_rng(1).standard_normal((4, 256)).astype(np.float32)
     d = np.abs(x.reshape(4, -1, 32)).max(-1, keepdims=True) / 127
-    err = np.abs(two_level(x) - x).reshape(4, -1, 32)
-    assert (err <= d / 256 * (1 + 1e-5)).all() and err.max() > 0
+    err = np.abs(three_levels(x) - x).reshape(4, -1, 32)
+    assert (err <= d / 2**15 + np.abs(x.reshape(4, -1, 32)) * 2**-23).all() and err.max() > 0
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
