@@ -35,3 +35,22 @@ def test_given_binary_wins_and_a_missing_one_is_none(tmp_path, monkeypatch):
     assert find_llama_server(None) is None
     monkeypatch.setenv("LLAMA_SERVER", os.fspath(binary))
     assert find_llama_server(None) == str(binary)
+
+
+def test_quant_compare_serves_both_and_tabulates(monkeypatch):
+    """`python -m loadtest.quant_compare` for real on a tiny dummy model: two servers, the
+    same client, every request answered, the table beside each other."""
+    import argparse
+
+    from loadtest import quant_compare
+
+    parser = argparse.ArgumentParser()
+    quant_compare.add_arguments(parser)
+    args = parser.parse_args(["--model", "dummy:tiny", "--quantization", "int8",
+                              "--input-len", "8", "--output-len", "4"])
+    report = quant_compare.compare(args)
+    for side in ("fp32", "int8"):
+        row = report[side]["rows"][1]
+        assert row["failed"] == 0 and row["mean_tpot_ms"] > 0 and report[side]["rss_mib"] > 0
+    text = quant_compare.format_report(report)
+    assert "| | fp32 | int8 | ratio |" in text and "| server RSS after the run |" in text
