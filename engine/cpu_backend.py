@@ -47,7 +47,7 @@ class CpuAttention(TorchAttention):
 class CpuLinear:
     """y = x @ weight.T + bias (fp32) on the weight packed once into 16-column panels for
     the C++ matmul, which beat oneDNN's at every row count of this model family's steps
-    on the CI box (BENCHMARKS.md)."""
+    on the CI box (docs/benchmarks.md)."""
 
     __slots__ = ("packed", "bias", "out_features", "kernels")
 

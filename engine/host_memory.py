@@ -4,7 +4,7 @@ A CPU step allocates tens of MB of activations (a 2048-token prefill's MLP outpu
 is 25 MB). glibc serves such blocks with fresh mmaps and unmaps them on free, so every
 step page-faults and zeroes its activations again. With the mmap threshold above any
 step buffer and trimming off, freed blocks are reused from the heap: prefill steps ran
-~20% faster on the 2-core box (BENCHMARKS.md). The cost is that the process keeps its
+~20% faster on the 2-core box (docs/benchmarks.md). The cost is that the process keeps its
 peak heap rather than handing it back to the OS. Set once the weights and the KV pool
 are allocated, so those (long-lived, large) stay in their own mappings. An engine that
 has been idle a while hands the free part back (`release_free_heap`): a served model's

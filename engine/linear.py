@@ -3,7 +3,7 @@
 On CPU in fp32, oneDNN (`torch.ops.mkldnn._linear_pointwise`, the op torch.compile's
 CPU weight prepacking emits) ran this model family's projections 1.1-2.6x faster than
 F.linear's MKL call on the 2-core CI box, the most at decode's few rows and at the wide
-lm_head (BENCHMARKS.md). The weight is reordered into oneDNN's blocked layout once, so a
+lm_head (docs/benchmarks.md). The weight is reordered into oneDNN's blocked layout once, so a
 step pays only the matmul. Where the C++ CPU kernels are built, the engine uses their
 packed-weight matmul instead (engine.cpu_backend.CpuLinear), faster again on this box.
 """

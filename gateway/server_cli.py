@@ -196,7 +196,7 @@ def freeze_startup_heap() -> None:
     modules: ~380k objects on the default model) beyond the garbage collector's reach.
 
     A full collection walks every tracked object with the GIL held, so it stalls the event
-    loop and the engine together: ~190 ms per collection with this heap (BENCHMARKS.md).
+    loop and the engine together: ~190 ms per collection with this heap (docs/benchmarks.md).
     Frozen, a full collection walks only what serving allocated since. Garbage is
     collected first so that none of it is kept for good. The collector is the process's,
     so the entry point decides this: build_app calls it once the model is ready."""

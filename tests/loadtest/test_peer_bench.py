@@ -1,5 +1,5 @@
 """`tokenwire bench --peer llama.cpp`: the side-by-side table and finding the peer binary
-(the run itself needs a built llama-server: BENCHMARKS.md has one)."""
+(the run itself needs a built llama-server: docs/benchmarks.md has one)."""
 
 import os
 

@@ -1,5 +1,5 @@
 """The real NVML sampler on a GPU machine: while the engine generates on CUDA it reads
-utilization > 0 and memory in use, and prints the figures (for BENCHMARKS.md).
+utilization > 0 and memory in use, and prints the figures (for docs/benchmarks.md).
 
 Skipped without CUDA or a working NVML. The model is TOKENWIRE_NVML_MODEL (default
 random weights in SmolLM2-135M's shape: no download, same kernels):
