@@ -80,8 +80,6 @@ namespace avx512 { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
 // group), and per sub-block the block's d / 128^2 and the exact sum of x. Padding blocks
 // (past k) get zeros; a block holding NaN or inf gets d = NaN, so its outputs are NaN as
 // fp32 arithmetic would make them. The AVX2 path uses the portable one.
-using QuantizeRow = void (*)(const float* x, int64_t k, int64_t kp, int sub, int8_t* p,
-                             int64_t stride, float* d, float* sums);
 namespace portable {
 void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
                   float* d, float* sums);
