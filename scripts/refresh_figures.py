@@ -27,7 +27,7 @@ rule, trailing whitespace stripped; its stderr (progress) goes to the terminal.
     python scripts/refresh_figures.py [--only NAME ...] [--list] [--dry-run]
 
 Run it with the venv's python: commands run under bash in the repo root with that
-python's bin first on PATH and OMP_WAIT_POLICY=PASSIVE. Each figure runs once however
+python's bin first on PATH and no OMP_WAIT_POLICY. Each figure runs once however
 many blocks use it; a figure whose `needs` is missing is skipped and its blocks left as
 they are; a page is written only when its text changed. Exit status: 0 when every figure
 ran (or was skipped), 1 when a command failed (its blocks left as they are), 2 for a block
@@ -156,7 +156,10 @@ def render(figure: Figure, machine: Machine, output: str) -> str:
 
 
 def command_env() -> dict[str, str]:
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    """The caller's environment, the venv first on PATH, and no OMP_WAIT_POLICY: a figure
+    is what its command gives as typed (tokenwire's commands set their own OpenMP policy;
+    a PASSIVE one inherited by llama-server tripled its TPOT)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 

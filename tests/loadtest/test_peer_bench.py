@@ -3,7 +3,7 @@
 
 import os
 
-from loadtest.llama_server import find_llama_server
+from loadtest.llama_server import find_llama_server, peer_env
 from loadtest.peer_bench import format_report
 
 
@@ -22,6 +22,11 @@ def test_table_puts_each_figure_beside_the_peers_with_ratios():
     assert "| c=1: output tok/s | 100 | 120 | 1.20x |" in text
     assert "| c=1: failed | 2 of 8 | 0 of 8 | |" in text
     assert "| server RSS after the runs | 450 MiB | 900 MiB | 2.00x |" in text
+
+
+def test_llama_server_waits_its_own_way():
+    """Our PASSIVE OpenMP setting must not reach the peer (it tripled its TPOT)."""
+    assert peer_env({"OMP_WAIT_POLICY": "PASSIVE", "PATH": "/bin"}) == {"PATH": "/bin"}
 
 
 def test_given_binary_wins_and_a_missing_one_is_none(tmp_path, monkeypatch):
