@@ -43,6 +43,18 @@ class TorchAttention:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]; stores k/v into the cache first."""
         k_cache, v_cache = kv_cache
         self._store(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self.attend_stored(q, k, v, kv_cache, meta)
+
+    def attend_qkv(self, qkv, positions, cos_sin_cache, kv_cache, meta):
+        """A backend that can take the fused qkv projection whole (rope, store and
+        attention in one go) returns [T, H * D]; this one cannot: None, and the model
+        splits qkv itself."""
+        return None
+
+    def attend_stored(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """Attention once this step's K/V are in the cache (k, v: the same new rows, which
+        the torch prefill of a fresh prompt reads directly)."""
+        k_cache, v_cache = kv_cache
         nd = meta.num_decodes
         if nd == q.shape[0]:  # a decode-only step: no prefill rows to place beside them
             return self._decode(q, k_cache, v_cache, meta)

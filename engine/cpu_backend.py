@@ -35,6 +35,18 @@ class CpuAttention(TorchAttention):
                                              meta.query_start_loc[nd:], meta.seq_lens[nd:],
                                              self.scale)
 
+    def attend_qkv(self, qkv, positions, cos_sin_cache, kv_cache, meta: AttentionMetadata):
+        """qkv [T, (H + 2 Hkv) * D] -> [T, H * D]: rope and the K/V store in one C++ pass
+        straight from the fused projection, then attention from the paged cache (no split,
+        reshape, copy or rotary call per layer from Python). None for what the C++ paths
+        do not cover: the model then splits qkv itself."""
+        if qkv.dtype != torch.float32 or self.head_dim not in ATTENTION_HEAD_DIMS:
+            return None
+        k_cache, v_cache = kv_cache
+        q = self.kernels.qkv_rope_store(qkv, positions, cos_sin_cache, k_cache, v_cache,
+                                        meta.slot_mapping, self.num_heads)
+        return self.attend_stored(q, None, None, kv_cache, meta).view(q.shape[0], -1)
+
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata):
         if q.dtype != torch.float32 or self.head_dim not in ATTENTION_HEAD_DIMS:
             return super()._decode(q, k_cache, v_cache, meta)
@@ -75,14 +87,8 @@ class CpuOps:
     def rms_norm(self, x, weight, eps, residual=None):
         if x.dtype != torch.float32:
             return TorchOps.rms_norm(x, weight, eps, residual)
-        x = x.contiguous()
-        out = torch.empty_like(x)
-        if residual is None:
-            self.kernels.rms_norm(out, x, weight, eps, None, None)
-            return out
-        new_residual = torch.empty_like(x)
-        self.kernels.rms_norm(out, x, weight, eps, residual.contiguous(), new_residual)
-        return out, new_residual
+        outs = self.kernels.rms_norm(x, weight, eps, residual)
+        return outs[0] if residual is None else tuple(outs)
 
     def rotary(self, q, k, positions, cos_sin_cache):
         if q.dtype != torch.float32:
@@ -93,6 +99,4 @@ class CpuOps:
     def silu_and_mul(self, x):
         if x.dtype != torch.float32:
             return TorchOps.silu_and_mul(x)
-        out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device)
-        self.kernels.silu_and_mul(out, x.contiguous())
-        return out
+        return self.kernels.silu_and_mul(x)

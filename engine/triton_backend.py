@@ -43,6 +43,10 @@ class TritonAttention:
         self.scale = head_dim ** -0.5
         self.target_programs = target_programs
 
+    def attend_qkv(self, qkv, positions, cos_sin_cache, kv_cache, meta):
+        """No fused qkv path here (engine.attention.TorchAttention.attend_qkv): None."""
+        return None
+
     def __call__(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]; stores k/v into the cache first."""
         _require_runnable(q)

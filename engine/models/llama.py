@@ -79,6 +79,10 @@ class LlamaModel:
     def _attention(self, layer: LayerWeights, x, positions, meta, kv_cache):
         c = self.config
         qkv = layer.qkv(x)
+        if layer.q_norm is None:
+            out = self.attention.attend_qkv(qkv, positions, self.cos_sin_cache, kv_cache, meta)
+            if out is not None:
+                return layer.o_proj(out)
         q, k, v = qkv.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
                              c.num_kv_heads * c.head_dim], dim=-1)
         q = q.reshape(-1, c.num_heads, c.head_dim)

@@ -1,12 +1,13 @@
 // CPU kernels for fp32 decode steps: paged decode attention straight from the block
-// table, the store of new K/V rows into the cache, and the pointwise ops (RMSNorm with
-// residual add, rotary, SiLU-and-mul) each in one pass (the projections' matmul is in
+// table, the store of new K/V rows into the cache (alone, or with rope straight from the
+// fused qkv projection), and the pointwise ops (RMSNorm with residual add, rotary,
+// SiLU-and-mul) each in one pass (the projections' matmul is in
 // linear.cpp, prefill attention in prefill_attention.cpp; this file holds the module's
 // bindings). Built at first use by kernels/cpu/__init__.py with -march=native.
 //
 // Why: at decode's few rows per step, torch's versions of these are many small ops
 // (gathers, 96 tiny GEMMs per layer, ~10 elementwise kernels per norm) whose
-// dispatch and memory traffic cost more than the arithmetic (BENCHMARKS.md).
+// dispatch and memory traffic cost more than the arithmetic (docs/benchmarks.md).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -175,6 +176,39 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   });
 }
 
+namespace {
+
+// One head in place, neox layout: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
+inline void rope_head(float* x, const float* cos, const float* sin, int64_t half) {
+  float* x2 = x + half;
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x2[i];
+    x[i] = a * cos[i] - b * sin[i];
+    x2[i] = b * cos[i] + a * sin[i];
+  }
+}
+
+void check_positions(const torch::Tensor& positions, int64_t tokens, int64_t max_pos) {
+  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous() &&
+              positions.numel() == tokens, "positions must be contiguous int64 [T]");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_pos, "position ", pos[t], " out of range");
+}
+
+void check_slots(const torch::Tensor& slot_mapping, int64_t tokens, int64_t num_slots) {
+  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
+              slot_mapping.dim() == 1, "slot_mapping must be contiguous int64 [T]");
+  TORCH_CHECK(slot_mapping.numel() == tokens, "one slot per k/v row");
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(slots[t] >= -1 && slots[t] < num_slots, "slot ", slots[t], " is outside the cache (",
+                num_slots, " slots)");
+}
+
+}  // namespace
+
 // New tokens' K/V rows into their cache slots: k/v [T, Hkv, D] (token rows may be strided,
 // as the views of a fused qkv projection are; each row's heads contiguous) into
 // k/v_cache [num_blocks, block_size, Hkv, D] at slot_mapping [T] int64 (-1: padding, not
@@ -193,14 +227,10 @@ void store_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Te
                 "k/v must be [T, Hkv, D] matching the cache");
     TORCH_CHECK(t->stride(2) == 1 && t->stride(1) == t->size(2), "k/v heads must be contiguous rows");
   }
-  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
-              slot_mapping.dim() == 1, "slot_mapping must be contiguous int64 [T]");
-  const int64_t tokens = slot_mapping.numel();
-  TORCH_CHECK(k.size(0) == tokens && v.size(0) == tokens, "one slot per k/v row");
+  const int64_t tokens = k.size(0);
+  TORCH_CHECK(v.size(0) == tokens, "k and v must have the same rows");
+  check_slots(slot_mapping, tokens, num_slots);
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  for (int64_t t = 0; t < tokens; ++t)
-    TORCH_CHECK(slots[t] >= -1 && slots[t] < num_slots, "slot ", slots[t], " is outside the cache (",
-                num_slots, " slots)");
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
   float* kc = k_cache.data_ptr<float>();
@@ -215,25 +245,23 @@ void store_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Te
   });
 }
 
-// Rows of x [..., D]: out = weight * x / sqrt(mean(x^2) + eps). With a residual:
-// x + residual is written to new_residual first and normalized.
-void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor weight, double eps,
-              std::optional<torch::Tensor> residual_in, std::optional<torch::Tensor> new_residual_out) {
+// Rows of x [..., D]: [weight * x / sqrt(mean(x^2) + eps)]. With a residual, x + residual
+// is normalized and returned beside it: [out, x + residual].
+std::vector<torch::Tensor> rms_norm(torch::Tensor x_in, torch::Tensor weight, double eps,
+                                    std::optional<torch::Tensor> residual_in) {
   const bool add = residual_in.has_value();
-  TORCH_CHECK(add == new_residual_out.has_value(), "residual and new_residual go together");
-  torch::Tensor residual = add ? *residual_in : torch::Tensor();
-  torch::Tensor new_residual = add ? *new_residual_out : torch::Tensor();
-  check_fp32_contiguous(out, "out");
+  const torch::Tensor x = x_in.contiguous();
   check_fp32_contiguous(x, "x");
   check_fp32_contiguous(weight, "weight");
+  const torch::Tensor residual = add ? residual_in->contiguous() : torch::Tensor();
   if (add) {
     check_fp32_contiguous(residual, "residual");
-    check_fp32_contiguous(new_residual, "new_residual");
-    TORCH_CHECK(residual.sizes() == x.sizes() && new_residual.sizes() == x.sizes(),
-                "residual must match x");
+    TORCH_CHECK(residual.sizes() == x.sizes(), "residual must match x");
   }
   const int64_t dim = weight.numel();
-  TORCH_CHECK(x.size(-1) == dim && out.sizes() == x.sizes(), "x, out and weight do not match");
+  TORCH_CHECK(x.size(-1) == dim, "x and weight do not match");
+  torch::Tensor out = torch::empty_like(x);
+  torch::Tensor new_residual = add ? torch::empty_like(x) : torch::Tensor();
   const int64_t rows = x.numel() / dim;
   const float* xp = x.data_ptr<float>();
   const float* rp = add ? residual.data_ptr<float>() : nullptr;
@@ -256,50 +284,80 @@ void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor weight, double e
       for (int64_t i = 0; i < dim; ++i) o[i] = wp[i] * (row[i] * inv);
     }
   });
+  if (add) return {out, new_residual};
+  return {out};
 }
 
-// In place on x [T, heads, D] (rows may be strided, heads contiguous), neox layout:
-// (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), cos/sin from cos_sin_cache[position].
+// In place on x [T, heads, D] (rows may be strided, heads contiguous), neox layout,
+// cos/sin from cos_sin_cache[position].
 void rotary(torch::Tensor x, torch::Tensor positions, torch::Tensor cos_sin_cache) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 3, "x must be float32 [T, heads, D]");
   TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == x.size(2), "x heads must be contiguous rows");
   check_fp32_contiguous(cos_sin_cache, "cos_sin_cache");
-  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && positions.is_contiguous(),
-              "positions must be contiguous int64");
   const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
-  TORCH_CHECK(cos_sin_cache.size(1) == dim && positions.numel() == tokens,
-              "cos_sin_cache or positions do not match x");
-  const int64_t max_pos = cos_sin_cache.size(0), token_stride = x.stride(0);
+  TORCH_CHECK(cos_sin_cache.size(1) == dim, "cos_sin_cache does not match x");
+  check_positions(positions, tokens, cos_sin_cache.size(0));
+  const int64_t token_stride = x.stride(0);
   const int64_t* pos = positions.data_ptr<int64_t>();
-  for (int64_t t = 0; t < tokens; ++t)
-    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_pos, "position ", pos[t], " out of range");
   float* xp = x.data_ptr<float>();
   const float* cache = cos_sin_cache.data_ptr<float>();
   at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* cos = cache + pos[t] * dim;
-      const float* sin = cos + half;
-      for (int64_t h = 0; h < heads; ++h) {
-        float* x1 = xp + t * token_stride + h * dim;
-        float* x2 = x1 + half;
-#pragma omp simd
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = x1[i], b = x2[i];
-          x1[i] = a * cos[i] - b * sin[i];
-          x2[i] = b * cos[i] + a * sin[i];
-        }
-      }
+      for (int64_t h = 0; h < heads; ++h)
+        rope_head(xp + t * token_stride + h * dim, cos, cos + half, half);
     }
   });
 }
 
-// x [T, 2I] (gate, up) -> out [T, I] = silu(gate) * up.
-void silu_and_mul(torch::Tensor out, torch::Tensor x) {
-  check_fp32_contiguous(out, "out");
+// A step's attention inputs in one pass: qkv [T, (H + 2 Hkv) D] (each token's q,
+// k and v heads, as the fused projection gives them) -> q [T, H, D] with rope; k (with
+// rope) and v go straight to their cache slots (-1: none), as store_kv would put them.
+torch::Tensor qkv_rope_store(torch::Tensor qkv, torch::Tensor positions,
+                             torch::Tensor cos_sin_cache, torch::Tensor k_cache,
+                             torch::Tensor v_cache, torch::Tensor slot_mapping,
+                             int64_t num_heads) {
+  for (auto* t : {&qkv, &cos_sin_cache, &k_cache, &v_cache})
+    check_fp32_contiguous(*t, "qkv/cos_sin_cache/cache");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "caches must be [num_blocks, block_size, Hkv, D] and alike");
+  const int64_t kv_heads = k_cache.size(2), dim = k_cache.size(3), half = dim / 2;
+  const int64_t tokens = qkv.size(0), row = kv_heads * dim;
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (num_heads + 2 * kv_heads) * dim,
+              "qkv must be [T, (num_heads + 2 kv_heads) head_dim]");
+  TORCH_CHECK(cos_sin_cache.size(1) == dim, "cos_sin_cache does not match head_dim");
+  check_positions(positions, tokens, cos_sin_cache.size(0));
+  check_slots(slot_mapping, tokens, k_cache.size(0) * k_cache.size(1));
+  torch::Tensor q = torch::empty({tokens, num_heads, dim}, qkv.options());
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const float* src = qkv.data_ptr<float>();
+  const float* cache = cos_sin_cache.data_ptr<float>();
+  float *qp = q.data_ptr<float>(), *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
+  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* cos = cache + pos[t] * dim;
+      const float* in = src + t * qkv.size(1);
+      float* qt = qp + t * num_heads * dim;
+      std::copy_n(in, num_heads * dim, qt);
+      for (int64_t h = 0; h < num_heads; ++h) rope_head(qt + h * dim, cos, cos + half, half);
+      if (slots[t] < 0) continue;
+      float* kt = kc + slots[t] * row;
+      std::copy_n(in + num_heads * dim, row, kt);
+      for (int64_t h = 0; h < kv_heads; ++h) rope_head(kt + h * dim, cos, cos + half, half);
+      std::copy_n(in + num_heads * dim + row, row, vc + slots[t] * row);
+    }
+  });
+  return q;
+}
+
+// x [T, 2I] (gate, up) -> [T, I] = silu(gate) * up.
+torch::Tensor silu_and_mul(torch::Tensor x_in) {
+  const torch::Tensor x = x_in.contiguous();
   check_fp32_contiguous(x, "x");
-  TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && x.size(0) == out.size(0) &&
-              x.size(1) == 2 * out.size(1), "x must be [T, 2I] and out [T, I]");
-  const int64_t rows = x.size(0), inter = out.size(1);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0, "x must be [T, 2I]");
+  const int64_t rows = x.size(0), inter = x.size(1) / 2;
+  torch::Tensor out = torch::empty({rows, inter}, x.options());
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
@@ -311,6 +369,7 @@ void silu_and_mul(torch::Tensor out, torch::Tensor x) {
       for (int64_t i = 0; i < inter; ++i) o[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
     }
   });
+  return out;
 }
 
 // The GIL is released while a kernel runs (as torch's own ops do), so the server's event
@@ -322,6 +381,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("store_kv", &store_kv, no_gil);
   m.def("rms_norm", &rms_norm, no_gil);
   m.def("rotary", &rotary, no_gil);
+  m.def("qkv_rope_store", &qkv_rope_store, no_gil);
   m.def("silu_and_mul", &silu_and_mul, no_gil);
   m.def("pack_linear_weight", &tokenwire::pack_linear_weight, no_gil);
   m.def("packed_linear", &tokenwire::packed_linear, no_gil);

@@ -144,6 +144,35 @@ def test_rotary_matches_torch_ops_in_place(gen, kernels):
         kernels.rotary(q, torch.full((11,), 512), cache)
 
 
+def test_qkv_rope_store_matches_split_rotary_and_store(gen, kernels):
+    """The fused path from the qkv projection: the same q, and the same cache contents, as
+    splitting it, rotating q and k (TorchOps) and storing k/v (TorchAttention)."""
+    heads, kv_heads, dim = 9, 3, 64
+    cache = build_cos_sin_cache(512, dim, 10000.0, None, torch.float32, "cpu")
+    qkv = randn(gen, 7, (heads + 2 * kv_heads) * dim, dtype=torch.float32, device="cpu")
+    positions = torch.randint(0, 512, (7,), generator=gen)
+    slots = torch.randperm(5 * 4, generator=gen)[:7]
+    slots[2] = -1  # padding: not stored
+    shape = (5, 4, kv_heads, dim)
+    k_cache, v_cache = (randn(gen, *shape, dtype=torch.float32, device="cpu") for _ in range(2))
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    q, k, v = (t.reshape(7, -1, dim).clone()
+               for t in qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1))
+    TorchOps.rotary(q, k, positions, cache)
+    kept = slots >= 0
+    TorchAttention(heads, kv_heads, dim)._store(k[kept], v[kept], k_ref, v_ref, slots[kept])
+    q_out = kernels.qkv_rope_store(qkv, positions, cache, k_cache, v_cache, slots, heads)
+    assert_close(q_out, q)
+    assert_close(k_cache, k_ref)
+    assert torch.equal(v_cache, v_ref)
+    with pytest.raises(RuntimeError, match="out of range"):
+        kernels.qkv_rope_store(qkv, torch.full((7,), 512), cache, k_cache, v_cache, slots, heads)
+    with pytest.raises(RuntimeError, match="qkv must be"):
+        kernels.qkv_rope_store(qkv, positions, cache, k_cache, v_cache, slots, heads + 1)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        kernels.qkv_rope_store(qkv, positions, cache, k_cache, v_cache, slots + 20, heads)
+
+
 def test_silu_and_mul_matches_torch_ops(gen, kernels):
     x = randn(gen, 6, 2 * 1536, dtype=torch.float32, device="cpu") * 8  # exp's tails too
     assert_close(CpuOps(kernels).silu_and_mul(x), TorchOps.silu_and_mul(x))
