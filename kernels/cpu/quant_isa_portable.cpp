@@ -47,6 +47,16 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int
   }
 }
 
+void unpack_row(const Weights& w, int64_t j, int64_t k, float* out) {
+  const int64_t subs = w.kp / w.sub, pbytes = w.half ? 2 : 4;
+  const uint8_t* codes = w.codes + j * code_bytes(w.kp, w.bits);
+  const auto* srow = static_cast<const char*>(w.scales) + j * subs * pbytes;
+  const auto* orow = static_cast<const char*>(w.offsets) + j * subs * pbytes;
+  for (int64_t t = 0; t < k; ++t)
+    out[t] = param_at(srow, w.half, t / w.sub) * float(code_at(codes, w.bits, t)) +
+             param_at(orow, w.half, t / w.sub);
+}
+
 void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
   const Weights& w = g.w;
   const Activations& x = g.x;

@@ -92,6 +92,25 @@ def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
             + 2e-6 * scale).all()
 
 
+@pytest.mark.parametrize("isa", sorted(cpu_kernels.QUANT_ISAS))
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_prefill_sized_batches_take_exact_activations(quant, isa, fmt):
+    """From dense_rows() rows on, the weight is unpacked to fp32 and multiplied by torch's
+    GEMM: the product of the exact activations, to fp32's rounding, bias included."""
+    isa_id = isa_or_skip(quant, isa)
+    rng = np.random.default_rng(9)
+    in_features = 576 if fmt in LEGACY else 768
+    weight, dense = packed(rng, fmt, 37, in_features)
+    rows = quant.dense_rows() + 3
+    x = torch.from_numpy(rng.standard_normal((rows, in_features)).astype(np.float32))
+    bias = torch.from_numpy(rng.standard_normal(37).astype(np.float32))
+    out = quant.quant_linear(x, weight.codes, weight.scales, weight.offsets, weight.bits,
+                             weight.sub, bias, isa_id)
+    scale = (x.double().abs() @ dense.abs().T).max().item()
+    torch.testing.assert_close(out.double(), x.double() @ dense.T + bias.double(), rtol=0,
+                               atol=1e-6 * scale)
+
+
 def test_three_levels_round_to_a_2_15th_of_the_int8_step():
     """One int8 level is off by up to d / 2; three by d / 2^15 (and fp32's own rounding)."""
     x = np.random.default_rng(1).standard_normal((4, 256)).astype(np.float32)
