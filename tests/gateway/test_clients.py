@@ -70,9 +70,11 @@ async def test_browser_page_two_turn_chat(server, base_url, tmp_path):
     require(CHROMIUM)
     assert server.engine.core.config.block_size == BLOCK_SIZE
     shot = tmp_path / "browser-chat.png"
+    # Turns 1 and 2 end at EOS; max_tokens only bounds the long third reply, which must
+    # still be streaming when Playwright's click lands (200 tokens ran out first on CI).
     proc = await asyncio.create_subprocess_exec(
         shutil.which("node") or "node", str(Path(__file__).with_name("browser_chat.js")),
-        base_url + "/?max_tokens=200&temperature=0", str(shot),
+        base_url + "/?max_tokens=1000&temperature=0", str(shot),
         env={**os.environ, "CHROMIUM": str(CHROMIUM)},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 180)

@@ -45,7 +45,8 @@ def allowed_distributions() -> set[str]:
 
 def third_party_imports() -> dict[str, set[str]]:
     """{top-level module: files importing it} over the product, tests and scripts."""
-    local = LOCAL | {p.stem for p in (REPO / "tests").rglob("*.py")}
+    # tests and scripts import their sibling modules by bare name (sys.path holds their dir)
+    local = LOCAL | {p.stem for top in ("tests", "scripts") for p in (REPO / top).rglob("*.py")}
     found: dict[str, set[str]] = {}
     for top in SOURCES:
         for path in (REPO / top).rglob("*.py"):
