@@ -1,10 +1,25 @@
 // Quantized matmul with AVX2 + FMA + F16C, compiled for that set alone and called only where
-// the CPU has it (quant_linear.cpp). AVX2 has no VNNI and its u8 x s8 multiply saturates in
-// int16, so codes and activations are widened to int16 and multiplied exactly (vpmaddwd):
-// 16 weights per step, each int32 lane summing 2 of them.
+// the CPU has it (quant_linear.cpp): CPUs without AVX-512 (AMD Zen 2/3, most laptops).
+//
+// AVX2 has no VNNI; vpmaddubsw multiplies 32 unsigned bytes by 32 signed ones into 16 int16
+// lanes of two products each, saturating. It is exact here:
+//   4-bit codes (0-15) x a level (|p| <= 127): a lane is at most 2 * 15 * 127 = 3810, and
+//     the lo and hi runs' lanes of the same blocks add in int16 (7620) before widening;
+//   8-bit codes are taken as q = code - 128 (|q| <= 128) through the sign trick, |q| times
+//     p with q's sign: at most 2 * 128 * 127 = 32512. Then w = scale * q + (offset +
+//     128 * scale), so the offsets' term uses that adjusted offset.
+// vpmaddwd then widens to int32 and weighs the levels in the same instruction (128^2,
+// 128, 1 for 4-bit codes, all in one int32 as in the AVX-512 path; 128, 1 and level 3
+// apart for 8-bit ones).
+//
+// A step covers 8 sub-blocks (two groups at sub 32, one at sub 16). Its int32 lanes hold 4
+// products each, 4 lanes per block half or block; two rounds of vphaddd sum each sub-block
+// into one lane, in the order [0 2 4 6 1 3 5 7] (sub 32) or [0 1 4 5 2 3 6 7] (sub 16), so
+// the 8 scales are permuted once per step to meet them.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "quant_kernels.h"
 
@@ -14,34 +29,100 @@
 namespace tokenwire::quant::avx2 {
 namespace {
 
-// A group's 128 codes as bytes, in its lo/hi order (that of the activations too).
+inline __m256i load32(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// A group's codes as 4 vectors of 32, vector i against activation bytes 32 i..32 i + 31 of
+// the group (lo run: i = 0, 1; hi run: i = 2, 3; i even: blocks 0-1, odd: blocks 2-3).
+// mag holds what vpmaddubsw multiplies, sign (8-bit only) the sign q's gives the activations.
 template <int Bits>
-inline void unpack_group(const uint8_t* group, uint8_t* out) {
-  if constexpr (Bits == 4) {
-    const __m256i nib = _mm256_set1_epi8(15);
-    for (int h = 0; h < 2; ++h) {
-      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 32 * h));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * h), _mm256_and_si256(c, nib));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 + 32 * h),
-                          _mm256_and_si256(_mm256_srli_epi16(c, 4), nib));
+struct Codes {
+  __m256i mag[4], sign[4];
+
+  explicit Codes(const uint8_t* group) {
+    if constexpr (Bits == 4) {
+      const __m256i nib = _mm256_set1_epi8(15);
+      for (int h = 0; h < 2; ++h) {  // byte t: lo[32 h + t] | hi[32 h + t] << 4
+        const __m256i c = load32(group + 32 * h);
+        mag[h] = _mm256_and_si256(c, nib);
+        mag[2 + h] = _mm256_and_si256(_mm256_srli_epi16(c, 4), nib);
+      }
+    } else {
+      const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+      for (int i = 0; i < 4; ++i) {
+        sign[i] = _mm256_xor_si256(load32(group + 32 * i), bias);  // q = code - 128
+        mag[i] = _mm256_abs_epi8(sign[i]);                          // |q|, 128 as unsigned
+      }
     }
-  } else {
-    std::memcpy(out, group, kGroup);
   }
+
+  // Vector i's int16 lanes against 32 activation bytes at p.
+  __m256i products(int i, const int8_t* p) const {
+    const __m256i x = load32(p);
+    if constexpr (Bits == 4) return _mm256_maddubs_epi16(mag[i], x);
+    return _mm256_maddubs_epi16(mag[i], _mm256_sign_epi8(x, sign[i]));
+  }
+};
+
+inline __m256i weigh(__m256i lanes16, int k) {
+  return _mm256_madd_epi16(lanes16, _mm256_set1_epi16(static_cast<short>(k)));
 }
 
-inline __m256i dot(__m256i codes, const int8_t* p) {
-  return _mm256_madd_epi16(
-      codes, _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+// Integer dots of one group: `main` folds the levels it can (4-bit: all three), `third`
+// holds 8-bit codes' level 3.
+struct Dots {
+  __m256i main, third;
+};
+
+// Sub 32: lanes [b0 b0 b2 b2 | b1 b1 b3 b3] (half sums of each block). Sub 16: the whole
+// step, lanes [s0 s1 s4 s5 | s2 s3 s6 s7] (sub-blocks s of the group).
+template <int Bits, int Sub>
+Dots group_dots(const uint8_t* group, const int8_t* const* p, int64_t at) {
+  const Codes<Bits> codes(group);
+  constexpr int kFolded = Bits == 4 ? 3 : 2;                 // levels in `main`
+  constexpr int kWeight[2][3] = {{128, 1, 1}, {128 * 128, 128, 1}};
+  __m256i main[4], third[4];  // per code vector i (Bits 4, sub 32: i = 0, 1 only)
+  for (int i = 0; i < 4; ++i) main[i] = third[i] = _mm256_setzero_si256();
+  for (int l = 0; l < kLevels; ++l) {
+    const int k = kWeight[Bits == 4][l];
+    __m256i* into = l < kFolded ? main : third;
+    if constexpr (Bits == 4 && Sub == 32) {  // lo + hi of the same blocks, in int16
+      for (int i = 0; i < 2; ++i)
+        into[i] = _mm256_add_epi32(
+            into[i], weigh(_mm256_add_epi16(codes.products(i, p[l] + at + 32 * i),
+                                            codes.products(i + 2, p[l] + at + 64 + 32 * i)),
+                           k));
+    } else {
+      for (int i = 0; i < 4; ++i)
+        into[i] = _mm256_add_epi32(into[i], weigh(codes.products(i, p[l] + at + 32 * i), k));
+    }
+  }
+  auto reduce = [](const __m256i* v) {
+    if constexpr (Sub == 32) {
+      if constexpr (Bits == 4) return _mm256_hadd_epi32(v[0], v[1]);
+      return _mm256_hadd_epi32(_mm256_add_epi32(v[0], v[2]), _mm256_add_epi32(v[1], v[3]));
+    }
+    // v[0] lo of blocks 0-1 (sub-blocks 0, 2), v[2] their hi (1, 3), v[1], v[3]: 4-7
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[2]), _mm256_hadd_epi32(v[1], v[3]));
+  };
+  return {reduce(main), Bits == 8 ? reduce(third) : _mm256_setzero_si256()};
 }
 
-// codes . (p1 + p2 / 128 + p3 / 128^2) * 128^2 over 16 weights, in 8 float lanes: levels 1-2
-// in int32, level 3 apart (the three together can pass 2^31 with 8-bit codes).
-inline __m256 dot_levels(const uint8_t* codes, const int8_t* const* p) {
-  const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
-  const __m256i s12 = _mm256_add_epi32(_mm256_slli_epi32(dot(c, p[0]), kLevelShift), dot(c, p[1]));
-  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s12), _mm256_set1_ps(float(1 << kLevelShift)),
-                         _mm256_cvtepi32_ps(dot(c, p[2])));
+// 8 consecutive scales (or offsets, activation d or sums) of a row from `first`; the first
+// `count` of them, zeros after (a row's last step may hold fewer than 8 sub-blocks).
+template <bool Half>
+inline __m256 load8(const void* row, int64_t first, int64_t count) {
+  constexpr int64_t kBytes = Half ? 2 : 4;
+  const char* at = static_cast<const char*>(row) + first * kBytes;
+  alignas(32) char tail[32] = {};
+  if (count < 8) {
+    std::memcpy(tail, at, count * kBytes);
+    at = tail;
+  }
+  if constexpr (Half)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+  return _mm256_loadu_ps(reinterpret_cast<const float*>(at));
 }
 
 inline float hsum(__m256 v) {
@@ -50,46 +131,82 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-template <int Bits>
-void row(const Gemm& g, int64_t j) {
+// Weight row j against activation row `row`.
+template <int Bits, int Sub, bool Half>
+float dot(const Gemm& g, int64_t j, int64_t row) {
+  constexpr int64_t kSubsPerGroup = kGroup / Sub, kGroupsPerStep = 8 / kSubsPerGroup;
   const Weights& w = g.w;
   const Activations& x = g.x;
-  const int64_t subs = w.kp / w.sub, cb = code_bytes(w.kp, Bits), pbytes = w.half ? 2 : 4;
-  const auto* srow = static_cast<const char*>(w.scales) + j * subs * pbytes;
-  const auto* orow = static_cast<const char*>(w.offsets) + j * subs * pbytes;
-  alignas(32) uint8_t codes[kGroup];
-  for (int64_t r = 0; r < x.m; ++r) g.out[r * w.n + j] = g.bias ? g.bias[j] : 0.f;
-  for (int64_t gi = 0; gi < w.kp / kGroup; ++gi) {
-    unpack_group<Bits>(w.codes + j * cb + gi * (kGroup * Bits / 8), codes);
-    for (int64_t r = 0; r < x.m; ++r) {
-      const int64_t at = r * x.kp + gi * kGroup;
-      const float* d = x.d + r * subs;
-      const float* sums = x.sums + r * subs;
-      __m256 acc = _mm256_setzero_ps();
-      float offset_sum = 0.f;
-      for (int64_t t = 0; t < kGroup; t += 16) {  // run t / 64, block t / 16 % 4
-        const int64_t block = gi * 4 + t / 16 % 4;
-        const int64_t s = w.sub == 32 ? block : 2 * block + t / 64;
-        const float ds = param_at(srow, w.half, s) * d[s];
-        const int8_t* p[kLevels] = {x.p[0] + at + t, x.p[1] + at + t, x.p[2] + at + t};
-        acc = _mm256_fmadd_ps(dot_levels(codes + t, p), _mm256_set1_ps(ds), acc);
+  const int64_t groups = w.kp / kGroup, subs = w.kp / Sub, pbytes = Half ? 2 : 4;
+  const uint8_t* codes = w.codes + j * code_bytes(w.kp, Bits);
+  const char* scales = static_cast<const char*>(w.scales) + j * subs * pbytes;
+  const char* offsets = static_cast<const char*>(w.offsets) + j * subs * pbytes;
+  const float* d = x.d + row * subs;
+  const float* sums = x.sums + row * subs;
+  const __m256i order = Sub == 32 ? _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)
+                                  : _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  __m256 acc = _mm256_setzero_ps(), acc_offsets = _mm256_setzero_ps();
+  for (int64_t gi = 0; gi < groups; gi += kGroupsPerStep) {
+    auto dots_of = [&](int64_t gj) {
+      return group_dots<Bits, Sub>(codes + gj * (kGroup * Bits / 8), x.p,
+                                   row * x.kp + gj * kGroup);
+    };
+    Dots s = dots_of(gi);
+    if constexpr (Sub == 32) {
+      const Dots next = gi + 1 < groups ? dots_of(gi + 1) : Dots{_mm256_setzero_si256(),
+                                                                   _mm256_setzero_si256()};
+      s = {_mm256_hadd_epi32(s.main, next.main), _mm256_hadd_epi32(s.third, next.third)};
+    }
+    __m256 value = _mm256_cvtepi32_ps(s.main);
+    if constexpr (Bits == 8)
+      value = _mm256_fmadd_ps(value, _mm256_set1_ps(float(1 << kLevelShift)),
+                              _mm256_cvtepi32_ps(s.third));
+    const int64_t first = gi * kSubsPerGroup, count = std::min<int64_t>(8, subs - first);
+    const __m256 scale = load8<Half>(scales, first, count);
+    const __m256 ds = _mm256_mul_ps(scale, load8<false>(d, first, count));
+    acc = _mm256_fmadd_ps(value, _mm256_permutevar8x32_ps(ds, order), acc);
+    __m256 offset = load8<Half>(offsets, first, count);
+    if constexpr (Bits == 8)  // the dots used q = code - 128
+      offset = _mm256_fmadd_ps(scale, _mm256_set1_ps(128.f), offset);
+    acc_offsets = _mm256_fmadd_ps(offset, load8<false>(sums, first, count), acc_offsets);
+  }
+  return hsum(_mm256_add_ps(acc, acc_offsets));
+}
+
+// Blocks of weight rows x activation rows, as in the AVX-512 path: a weight row's codes stay
+// in L1 while a block of activation rows passes.
+constexpr int64_t kTileRows = 16;
+
+template <int Bits, int Sub, bool Half>
+void gemm_layout(const Gemm& g, int64_t n_begin, int64_t n_end) {
+  const int64_t n = g.w.n;
+  for (int64_t j0 = n_begin; j0 < n_end; j0 += kTileRows) {
+    for (int64_t m0 = 0; m0 < g.x.m; m0 += kTileRows) {
+      const int64_t m1 = std::min(g.x.m, m0 + kTileRows);
+      for (int64_t j = j0; j < std::min(n_end, j0 + kTileRows); ++j) {
+        const float bias = g.bias ? g.bias[j] : 0.f;
+        for (int64_t m = m0; m < m1; ++m)
+          g.out[m * n + j] = dot<Bits, Sub, Half>(g, j, m) + bias;
       }
-      for (int64_t s = gi * kGroup / w.sub; s < (gi + 1) * kGroup / w.sub; ++s)
-        offset_sum += param_at(orow, w.half, s) * sums[s];
-      g.out[r * w.n + j] += hsum(acc) + offset_sum;
     }
   }
+}
+
+template <int Bits, int Sub>
+void gemm_bits_sub(const Gemm& g, int64_t n_begin, int64_t n_end) {
+  if (g.w.half) return gemm_layout<Bits, Sub, true>(g, n_begin, n_end);
+  gemm_layout<Bits, Sub, false>(g, n_begin, n_end);
 }
 
 }  // namespace
 
 void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
-  for (int64_t j = n_begin; j < n_end; ++j) {
-    if (g.w.bits == 4)
-      row<4>(g, j);
-    else
-      row<8>(g, j);
+  if (g.w.bits == 4) {
+    if (g.w.sub == 32) return gemm_bits_sub<4, 32>(g, n_begin, n_end);
+    return gemm_bits_sub<4, 16>(g, n_begin, n_end);
   }
+  if (g.w.sub == 32) return gemm_bits_sub<8, 32>(g, n_begin, n_end);
+  gemm_bits_sub<8, 16>(g, n_begin, n_end);
 }
 
 }  // namespace tokenwire::quant::avx2
