@@ -78,7 +78,7 @@ struct Dots {
 // Sub 32: lanes [b0 b0 b2 b2 | b1 b1 b3 b3] (half sums of each block). Sub 16: the whole
 // step, lanes [s0 s1 s4 s5 | s2 s3 s6 s7] (sub-blocks s of the group).
 template <int Bits, int Sub>
-Dots group_dots(const uint8_t* group, const int8_t* const* p, int64_t at) {
+[[gnu::always_inline]] inline Dots group_dots(const uint8_t* group, const int8_t* const* p, int64_t at) {
   const Codes<Bits> codes(group);
   constexpr int kFolded = Bits == 4 ? 3 : 2;                 // levels in `main`
   constexpr int kWeight[2][3] = {{128, 1, 1}, {128 * 128, 128, 1}};
@@ -109,20 +109,20 @@ Dots group_dots(const uint8_t* group, const int8_t* const* p, int64_t at) {
   return {reduce(main), Bits == 8 ? reduce(third) : _mm256_setzero_si256()};
 }
 
-// 8 consecutive scales (or offsets, activation d or sums) of a row from `first`; the first
-// `count` of them, zeros after (a row's last step may hold fewer than 8 sub-blocks).
+// 8 consecutive scales (or offsets, activation d or sums) of a row from `first`, or the
+// first 4 of them and zeros when `four` (a row's last step at sub 32 may hold one group).
+// A narrower load rather than a copy into a zeroed buffer: the copy's stores stall the
+// vector load that reads them back, which cost a third of a short row's time.
 template <bool Half>
-inline __m256 load8(const void* row, int64_t first, int64_t count) {
-  constexpr int64_t kBytes = Half ? 2 : 4;
-  const char* at = static_cast<const char*>(row) + first * kBytes;
-  alignas(32) char tail[32] = {};
-  if (count < 8) {
-    std::memcpy(tail, at, count * kBytes);
-    at = tail;
+inline __m256 load8(const void* row, int64_t first, bool four) {
+  const char* at = static_cast<const char*>(row) + first * (Half ? 2 : 4);
+  if constexpr (Half) {
+    const __m128i h = four ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))
+                           : _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
+    return _mm256_cvtph_ps(h);
   }
-  if constexpr (Half)
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-  return _mm256_loadu_ps(reinterpret_cast<const float*>(at));
+  const float* f = reinterpret_cast<const float*>(at);
+  return four ? _mm256_zextps128_ps256(_mm_loadu_ps(f)) : _mm256_loadu_ps(f);
 }
 
 inline float hsum(__m256 v) {
@@ -133,7 +133,7 @@ inline float hsum(__m256 v) {
 
 // Weight row j against activation row `row`.
 template <int Bits, int Sub, bool Half>
-float dot(const Gemm& g, int64_t j, int64_t row) {
+[[gnu::always_inline]] inline float dot(const Gemm& g, int64_t j, int64_t row) {
   constexpr int64_t kSubsPerGroup = kGroup / Sub, kGroupsPerStep = 8 / kSubsPerGroup;
   const Weights& w = g.w;
   const Activations& x = g.x;
@@ -161,14 +161,16 @@ float dot(const Gemm& g, int64_t j, int64_t row) {
     if constexpr (Bits == 8)
       value = _mm256_fmadd_ps(value, _mm256_set1_ps(float(1 << kLevelShift)),
                               _mm256_cvtepi32_ps(s.third));
-    const int64_t first = gi * kSubsPerGroup, count = std::min<int64_t>(8, subs - first);
-    const __m256 scale = load8<Half>(scales, first, count);
-    const __m256 ds = _mm256_mul_ps(scale, load8<false>(d, first, count));
+    // Sub 16 steps are one whole group; sub 32 ones two, or the last group alone.
+    const int64_t first = gi * kSubsPerGroup;
+    const bool four = subs - first == 4;
+    const __m256 scale = load8<Half>(scales, first, four);
+    const __m256 ds = _mm256_mul_ps(scale, load8<false>(d, first, four));
     acc = _mm256_fmadd_ps(value, _mm256_permutevar8x32_ps(ds, order), acc);
-    __m256 offset = load8<Half>(offsets, first, count);
+    __m256 offset = load8<Half>(offsets, first, four);
     if constexpr (Bits == 8)  // the dots used q = code - 128
       offset = _mm256_fmadd_ps(scale, _mm256_set1_ps(128.f), offset);
-    acc_offsets = _mm256_fmadd_ps(offset, load8<false>(sums, first, count), acc_offsets);
+    acc_offsets = _mm256_fmadd_ps(offset, load8<false>(sums, first, four), acc_offsets);
   }
   return hsum(_mm256_add_ps(acc, acc_offsets));
 }
