@@ -2,24 +2,24 @@
 // the CPU has it (quant_linear.cpp): CPUs without AVX-512 (AMD Zen 2/3, most laptops).
 //
 // AVX2 has no VNNI; vpmaddubsw multiplies 32 unsigned bytes by 32 signed ones into 16 int16
-// lanes of two products each, saturating. It is exact here:
+// lanes of two products each, saturating. Where it is exact, it is used:
 //   4-bit codes (0-15) x a level (|p| <= 127): a lane is at most 2 * 15 * 127 = 3810, and
 //     the lo and hi runs' lanes of the same blocks add in int16 (7620) before widening;
-//   8-bit codes are taken as q = code - 128 (|q| <= 128) through the sign trick, |q| times
-//     p with q's sign: at most 2 * 128 * 127 = 32512. Then w = scale * q + (offset +
-//     128 * scale), so the offsets' term uses that adjusted offset.
-// vpmaddwd then widens to int32 and weighs the levels in the same instruction (128^2,
-// 128, 1 for 4-bit codes, all in one int32 as in the AVX-512 path; 128, 1 and level 3
-// apart for 8-bit ones).
+//     vpmaddwd then widens to int32 and weighs the levels in the same instruction (128^2,
+//     128, 1: all three in one int32, as in the AVX-512 path).
+//   8-bit codes (0-255) x level 3 (|p3| <= 64, a remainder): at most 2 * 255 * 64 = 32640.
+// 8-bit codes against the first level would overflow (2 * 255 * 127), so they are widened
+// to int16 and vpmaddwd multiplies them by x12 = 128 * p1 + p2 (quant_kernels.h): both
+// levels in one multiply, at most 32 * 255 * 16320 per block in int32. Level 3 stays apart
+// (`third`), since 128 * x12 + p3 no longer fits int16.
 //
-// A step covers 8 sub-blocks (two groups at sub 32, one at sub 16). Its int32 lanes hold 4
-// products each, 4 lanes per block half or block; two rounds of vphaddd sum each sub-block
-// into one lane, in the order [0 2 4 6 1 3 5 7] (sub 32) or [0 1 4 5 2 3 6 7] (sub 16), so
-// the 8 scales are permuted once per step to meet them.
+// A step covers 8 sub-blocks (two groups at sub 32, one at sub 16). Its int32 lanes hold
+// products of one block half or block each; vphaddd rounds (and for int16 dots a swap of
+// 128-bit halves) sum each sub-block into one lane, in the order [0 2 4 6 1 3 5 7] (sub 32)
+// or [0 1 4 5 2 3 6 7] (sub 16), so the 8 scales are permuted once per step to meet them.
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "quant_kernels.h"
 
@@ -33,80 +33,108 @@ inline __m256i load32(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
 
-// A group's codes as 4 vectors of 32, vector i against activation bytes 32 i..32 i + 31 of
-// the group (lo run: i = 0, 1; hi run: i = 2, 3; i even: blocks 0-1, odd: blocks 2-3).
-// mag holds what vpmaddubsw multiplies, sign (8-bit only) the sign q's gives the activations.
+// A group's codes as 4 vectors of 32 bytes, vector i against activation bytes 32 i..32 i + 31
+// of the group (lo run: i = 0, 1; hi run: i = 2, 3; i even: blocks 0-1, odd: blocks 2-3).
 template <int Bits>
 struct Codes {
-  __m256i mag[4], sign[4];
+  __m256i v[4];
 
   explicit Codes(const uint8_t* group) {
     if constexpr (Bits == 4) {
       const __m256i nib = _mm256_set1_epi8(15);
       for (int h = 0; h < 2; ++h) {  // byte t: lo[32 h + t] | hi[32 h + t] << 4
         const __m256i c = load32(group + 32 * h);
-        mag[h] = _mm256_and_si256(c, nib);
-        mag[2 + h] = _mm256_and_si256(_mm256_srli_epi16(c, 4), nib);
+        v[h] = _mm256_and_si256(c, nib);
+        v[2 + h] = _mm256_and_si256(_mm256_srli_epi16(c, 4), nib);
       }
     } else {
-      const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-      for (int i = 0; i < 4; ++i) {
-        sign[i] = _mm256_xor_si256(load32(group + 32 * i), bias);  // q = code - 128
-        mag[i] = _mm256_abs_epi8(sign[i]);                          // |q|, 128 as unsigned
-      }
+      for (int i = 0; i < 4; ++i) v[i] = load32(group + 32 * i);
     }
   }
 
   // Vector i's int16 lanes against 32 activation bytes at p.
-  __m256i products(int i, const int8_t* p) const {
-    const __m256i x = load32(p);
-    if constexpr (Bits == 4) return _mm256_maddubs_epi16(mag[i], x);
-    return _mm256_maddubs_epi16(mag[i], _mm256_sign_epi8(x, sign[i]));
-  }
+  __m256i products(int i, const int8_t* p) const { return _mm256_maddubs_epi16(v[i], load32(p)); }
 };
 
 inline __m256i weigh(__m256i lanes16, int k) {
   return _mm256_madd_epi16(lanes16, _mm256_set1_epi16(static_cast<short>(k)));
 }
 
-// Integer dots of one group: `main` folds the levels it can (4-bit: all three), `third`
-// holds 8-bit codes' level 3.
+// Integer dots of one group: `main` folds the levels it can (4-bit: all three; 8-bit: the
+// first two, through x12), `third` holds 8-bit codes' level 3.
 struct Dots {
   __m256i main, third;
 };
 
-// Sub 32: lanes [b0 b0 b2 b2 | b1 b1 b3 b3] (half sums of each block). Sub 16: the whole
-// step, lanes [s0 s1 s4 s5 | s2 s3 s6 s7] (sub-blocks s of the group).
+// Sums of 4 byte-dot vectors (code vector i's int32 lanes, as Codes orders them) per block
+// half (sub 16) or block (sub 32), in the layout group_dots returns.
 template <int Bits, int Sub>
-[[gnu::always_inline]] inline Dots group_dots(const uint8_t* group, const int8_t* const* p, int64_t at) {
+inline __m256i reduce_bytes(const __m256i* v) {
+  if constexpr (Sub == 32) {
+    if constexpr (Bits == 4) return _mm256_hadd_epi32(v[0], v[1]);  // lo + hi added already
+    return _mm256_hadd_epi32(_mm256_add_epi32(v[0], v[2]), _mm256_add_epi32(v[1], v[3]));
+  }
+  // v[0] lo of blocks 0-1 (sub-blocks 0, 2), v[2] their hi (1, 3), v[1], v[3]: 4-7
+  return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[2]), _mm256_hadd_epi32(v[1], v[3]));
+}
+
+// [a.lo + a.hi | b.lo + b.hi] of two vectors' 128-bit halves.
+inline __m256i fold_halves(__m256i a, __m256i b) {
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                          _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// 8-bit codes . x12 over one group, in the layout group_dots returns. A 16-code load is one
+// sub-block s = 2 b + h (block b, half h: lo run at 16 b, hi run at 64 + 16 b), widened to
+// int16: all 8 int32 lanes of its dot are that sub-block.
+template <int Sub>
+inline __m256i x12_dots(const uint8_t* group, const int16_t* x12) {
+  __m256i s[8];
+  for (int b = 0; b < 4; ++b)
+    for (int h = 0; h < 2; ++h) {
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 64 * h + 16 * b));
+      s[2 * b + h] = _mm256_madd_epi16(_mm256_cvtepu8_epi16(c), load32(x12 + 64 * h + 16 * b));
+    }
+  if constexpr (Sub == 32) {  // blocks B: [b0 b0 b2 b2 | b1 b1 b3 b3], half sums
+    __m256i block[4];
+    for (int b = 0; b < 4; ++b) block[b] = _mm256_add_epi32(s[2 * b], s[2 * b + 1]);
+    return fold_halves(_mm256_hadd_epi32(block[0], block[2]),
+                       _mm256_hadd_epi32(block[1], block[3]));
+  }
+  return fold_halves(  // [s0 s1 s4 s5 | s2 s3 s6 s7]
+      _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[4], s[5])),
+      _mm256_hadd_epi32(_mm256_hadd_epi32(s[2], s[3]), _mm256_hadd_epi32(s[6], s[7])));
+}
+
+// Sub 32: lanes [b0 b0 b2 b2 | b1 b1 b3 b3] (half sums of each block). Sub 16: the whole
+// step, lanes [s0 s1 s4 s5 | s2 s3 s6 s7] (sub-blocks s of the group). `at`: the group's
+// first activation of the row.
+template <int Bits, int Sub>
+[[gnu::always_inline]] inline Dots group_dots(const uint8_t* group, const Activations& x,
+                                              int64_t at) {
   const Codes<Bits> codes(group);
-  constexpr int kFolded = Bits == 4 ? 3 : 2;                 // levels in `main`
-  constexpr int kWeight[2][3] = {{128, 1, 1}, {128 * 128, 128, 1}};
-  __m256i main[4], third[4];  // per code vector i (Bits 4, sub 32: i = 0, 1 only)
-  for (int i = 0; i < 4; ++i) main[i] = third[i] = _mm256_setzero_si256();
+  if constexpr (Bits == 8) {
+    __m256i third[4];
+    for (int i = 0; i < 4; ++i) third[i] = weigh(codes.products(i, x.p[2] + at + 32 * i), 1);
+    return {x12_dots<Sub>(group, x.x12 + at), reduce_bytes<8, Sub>(third)};
+  }
+  constexpr int kWeight[3] = {128 * 128, 128, 1};
+  __m256i main[4];  // per code vector i (sub 32: i = 0, 1 only)
+  for (int i = 0; i < 4; ++i) main[i] = _mm256_setzero_si256();
   for (int l = 0; l < kLevels; ++l) {
-    const int k = kWeight[Bits == 4][l];
-    __m256i* into = l < kFolded ? main : third;
-    if constexpr (Bits == 4 && Sub == 32) {  // lo + hi of the same blocks, in int16
+    const int8_t* p = x.p[l] + at;
+    if constexpr (Sub == 32) {  // lo + hi of the same blocks, in int16
       for (int i = 0; i < 2; ++i)
-        into[i] = _mm256_add_epi32(
-            into[i], weigh(_mm256_add_epi16(codes.products(i, p[l] + at + 32 * i),
-                                            codes.products(i + 2, p[l] + at + 64 + 32 * i)),
-                           k));
+        main[i] = _mm256_add_epi32(
+            main[i], weigh(_mm256_add_epi16(codes.products(i, p + 32 * i),
+                                            codes.products(i + 2, p + 64 + 32 * i)),
+                           kWeight[l]));
     } else {
       for (int i = 0; i < 4; ++i)
-        into[i] = _mm256_add_epi32(into[i], weigh(codes.products(i, p[l] + at + 32 * i), k));
+        main[i] = _mm256_add_epi32(main[i], weigh(codes.products(i, p + 32 * i), kWeight[l]));
     }
   }
-  auto reduce = [](const __m256i* v) {
-    if constexpr (Sub == 32) {
-      if constexpr (Bits == 4) return _mm256_hadd_epi32(v[0], v[1]);
-      return _mm256_hadd_epi32(_mm256_add_epi32(v[0], v[2]), _mm256_add_epi32(v[1], v[3]));
-    }
-    // v[0] lo of blocks 0-1 (sub-blocks 0, 2), v[2] their hi (1, 3), v[1], v[3]: 4-7
-    return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[2]), _mm256_hadd_epi32(v[1], v[3]));
-  };
-  return {reduce(main), Bits == 8 ? reduce(third) : _mm256_setzero_si256()};
+  return {reduce_bytes<4, Sub>(main), _mm256_setzero_si256()};
 }
 
 // 8 consecutive scales (or offsets, activation d or sums) of a row from `first`, or the
@@ -148,8 +176,7 @@ template <int Bits, int Sub, bool Half>
   __m256 acc = _mm256_setzero_ps(), acc_offsets = _mm256_setzero_ps();
   for (int64_t gi = 0; gi < groups; gi += kGroupsPerStep) {
     auto dots_of = [&](int64_t gj) {
-      return group_dots<Bits, Sub>(codes + gj * (kGroup * Bits / 8), x.p,
-                                   row * x.kp + gj * kGroup);
+      return group_dots<Bits, Sub>(codes + gj * (kGroup * Bits / 8), x, row * x.kp + gj * kGroup);
     };
     Dots s = dots_of(gi);
     if constexpr (Sub == 32) {
@@ -167,10 +194,8 @@ template <int Bits, int Sub, bool Half>
     const __m256 scale = load8<Half>(scales, first, four);
     const __m256 ds = _mm256_mul_ps(scale, load8<false>(d, first, four));
     acc = _mm256_fmadd_ps(value, _mm256_permutevar8x32_ps(ds, order), acc);
-    __m256 offset = load8<Half>(offsets, first, four);
-    if constexpr (Bits == 8)  // the dots used q = code - 128
-      offset = _mm256_fmadd_ps(scale, _mm256_set1_ps(128.f), offset);
-    acc_offsets = _mm256_fmadd_ps(offset, load8<false>(sums, first, four), acc_offsets);
+    acc_offsets = _mm256_fmadd_ps(load8<Half>(offsets, first, four),
+                                  load8<false>(sums, first, four), acc_offsets);
   }
   return hsum(_mm256_add_ps(acc, acc_offsets));
 }

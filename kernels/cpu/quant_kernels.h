@@ -58,6 +58,9 @@ struct Activations {
   const float* d4;
   const float* sums4;
   int64_t m, kp;
+  // [m, kp] 128 * p1 + p2 (lo/hi order), the first two levels as one int16: the AVX2 path
+  // multiplies 8-bit codes by it (kernels that do not read it get nullptr).
+  const int16_t* x12 = nullptr;
 };
 
 // out[r * out_stride + j] = x_r . w_j (+ bias[j]) for weight rows [n_begin, n_end).

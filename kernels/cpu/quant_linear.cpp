@@ -66,11 +66,17 @@ Weights weights_of(const at::Tensor& codes, const at::Tensor& scales, const at::
 }
 
 // Buffers of quantize_rows: the levels [m, kp] int8, d and sums [m, kp / sub] and their
-// 4-row-tile transposes (quant_kernels.h's Activations).
+// 4-row-tile transposes, and where asked the first two levels as int16 (quant_kernels.h's
+// Activations).
 struct QuantizedRows {
-  at::Tensor codes, floats;
+  at::Tensor codes, floats, x12;
   Activations view;
 };
+
+// The AVX2 kernel reads 8-bit codes against x12: vpmaddubsw would overflow on an unsigned
+// code times the first level (2 * 255 * 127), and an int16 dot of code and 128 * p1 + p2 takes
+// two levels in one multiply (1.35-1.65x the speed of the sign trick it replaced).
+bool needs_x12(int64_t isa, int bits) { return isa == kAvx2 && bits == 8; }
 
 // d or sums of rows 4q..4q+3 ([4][subs], row-major) -> tile q's transposed layout.
 void transpose_tile(const float* rows, int64_t subs, int sub, float* out) {
@@ -82,7 +88,7 @@ void transpose_tile(const float* rows, int64_t subs, int sub, float* out) {
           out[(g * halves + h) * 16 + 4 * b + r] = rows[r * subs + g * per_group + b * halves + h];
 }
 
-QuantizedRows quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa) {
+QuantizedRows quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa, bool x12) {
   const int64_t m = x.size(0), k = x.size(1), subs = kp / sub, tiles = m / 4;
   QuantizedRows q;
   q.codes = at::empty({kLevels, m, kp}, at::TensorOptions().dtype(at::kChar));
@@ -92,15 +98,22 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t is
   float *d = f, *sums = f + m * subs, *d4 = f + 2 * m * subs, *sums4 = f + 3 * m * subs;
   const float* xp = x.data_ptr<float>();
   auto* quantize_row = isa == kAvx512 ? avx512::quantize_row : portable::quantize_row;
+  if (x12) q.x12 = at::empty({m, kp}, at::TensorOptions().dtype(at::kShort));
+  int16_t* x12p = x12 ? q.x12.data_ptr<int16_t>() : nullptr;
   at::parallel_for(0, m, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
+    for (int64_t r = begin; r < end; ++r) {
       quantize_row(xp + r * k, k, kp, sub, p + r * kp, m * kp, d + r * subs, sums + r * subs);
+      if (!x12p) continue;
+      const int8_t *p1 = p + r * kp, *p2 = p1 + m * kp;
+      for (int64_t i = 0; i < kp; ++i)
+        x12p[r * kp + i] = static_cast<int16_t>(p1[i] * (1 << kLevelShift) + p2[i]);
+    }
   });
   for (int64_t t = 0; t < tiles; ++t) {
     transpose_tile(d + 4 * t * subs, subs, sub, d4 + 4 * t * subs);
     transpose_tile(sums + 4 * t * subs, subs, sub, sums4 + 4 * t * subs);
   }
-  q.view = Activations{{p, p + m * kp, p + 2 * m * kp}, d, sums, d4, sums4, m, kp};
+  q.view = Activations{{p, p + m * kp, p + 2 * m * kp}, d, sums, d4, sums4, m, kp, x12p};
   return q;
 }
 
@@ -141,7 +154,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
     bias_ptr = bias->data_ptr<float>();
   }
   if (x.size(0) >= kDenseRows) return dense_linear(x, w, bias, isa);
-  const QuantizedRows q = quantize_rows(x, w.kp, w.sub, isa);
+  const QuantizedRows q = quantize_rows(x, w.kp, w.sub, isa, needs_x12(isa, w.bits));
   at::Tensor out = at::empty({x.size(0), w.n}, x.options());
   const Gemm g{w, q.view, bias_ptr, out.data_ptr<float>()};
   auto* gemm = isa == kAvx512 ? avx512::gemm : isa == kAvx2 ? avx2::gemm : portable::gemm;
