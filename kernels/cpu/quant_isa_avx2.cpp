@@ -225,7 +225,43 @@ void gemm_bits_sub(const Gemm& g, int64_t n_begin, int64_t n_end) {
   gemm_layout<Bits, Sub, false>(g, n_begin, n_end);
 }
 
+// Scale or offset i of a row, as param_at but with F16C's conversion.
+inline float param(const void* row, bool half, int64_t i) {
+  if (!half) return static_cast<const float*>(row)[i];
+  return _cvtsh_ss(static_cast<const uint16_t*>(row)[i]);
+}
+
 }  // namespace
+
+void unpack_row(const Weights& w, int64_t j, int64_t k, float* out) {
+  const int64_t subs = w.kp / w.sub, pbytes = w.half ? 2 : 4;
+  const uint8_t* codes = w.codes + j * code_bytes(w.kp, w.bits);
+  const auto* srow = static_cast<const char*>(w.scales) + j * subs * pbytes;
+  const auto* orow = static_cast<const char*>(w.offsets) + j * subs * pbytes;
+  alignas(32) uint8_t runs[4][32];  // Codes' vectors: a group's codes, one per byte
+  for (int64_t g = 0; g * kGroup < k; ++g) {
+    if (w.bits == 4) {
+      const Codes<4> c(codes + g * 64);
+      for (int i = 0; i < 4; ++i) _mm256_store_si256(reinterpret_cast<__m256i*>(runs[i]), c.v[i]);
+    } else {
+      const Codes<8> c(codes + g * 128);
+      for (int i = 0; i < 4; ++i) _mm256_store_si256(reinterpret_cast<__m256i*>(runs[i]), c.v[i]);
+    }
+    for (int64_t b = 0; b < 4 && g * kGroup + b * kBlock < k; ++b) {
+      for (int h = 0; h < 2; ++h) {  // block b's half h: vector 2 h + b / 2, byte 16 (b % 2)
+        const int64_t first = g * kGroup + b * kBlock + 16 * h, sub = first / w.sub;
+        const __m256 scale = _mm256_set1_ps(param(srow, w.half, sub));
+        const __m256 offset = _mm256_set1_ps(param(orow, w.half, sub));
+        const uint8_t* run = runs[2 * h + b / 2] + 16 * (b % 2);
+        for (int e = 0; e < 2; ++e) {
+          const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(run + 8 * e))));
+          _mm256_storeu_ps(out + first + 8 * e, _mm256_fmadd_ps(c, scale, offset));
+        }
+      }
+    }
+  }
+}
 
 void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
   if (g.w.bits == 4) {

@@ -93,8 +93,9 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int
 }
 
 // Weight row j as k fp32 values (scale * code + offset) into out: the dense path's unpack
-// for prefill-sized batches. The AVX2 path uses the portable one.
+// for prefill-sized batches.
 namespace portable { void unpack_row(const Weights& w, int64_t j, int64_t k, float* out); }
+namespace avx2 { void unpack_row(const Weights& w, int64_t j, int64_t k, float* out); }
 namespace avx512 { void unpack_row(const Weights& w, int64_t j, int64_t k, float* out); }
 
 // IEEE half -> float without F16C (portable kernels, embedding lookup, scale reads).

@@ -121,7 +121,9 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t is
 at::Tensor dense_linear(const at::Tensor& x, const Weights& w, const std::optional<at::Tensor>& bias,
                         int64_t isa) {
   const int64_t k = x.size(1), rows = std::max<int64_t>(16, kDenseChunkFloats / k);
-  auto* unpack = isa == kAvx512 ? avx512::unpack_row : portable::unpack_row;
+  auto* unpack = isa == kAvx512 ? avx512::unpack_row
+                : isa == kAvx2  ? avx2::unpack_row
+                                : portable::unpack_row;
   at::Tensor out = at::empty({x.size(0), w.n}, x.options());
   at::Tensor scratch = at::empty({std::min(rows, w.n), k}, x.options());
   float* buf = scratch.data_ptr<float>();
