@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "quant_kernels.h"
 
@@ -225,10 +226,11 @@ void gemm_bits_sub(const Gemm& g, int64_t n_begin, int64_t n_end) {
   gemm_layout<Bits, Sub, false>(g, n_begin, n_end);
 }
 
-// Scale or offset i of a row, as param_at but with F16C's conversion.
-inline float param(const void* row, bool half, int64_t i) {
-  if (!half) return static_cast<const float*>(row)[i];
-  return _cvtsh_ss(static_cast<const uint16_t*>(row)[i]);
+// A group's 8 (sub 16) or 4 (sub 32, zeros after) scales or offsets as floats.
+inline __m256 group_params(const void* row, bool half, int sub, int64_t g) {
+  const bool four = sub == 32;
+  const int64_t first = g * (kGroup / sub);
+  return half ? load8<true>(row, first, four) : load8<false>(row, first, four);
 }
 
 }  // namespace
@@ -238,28 +240,88 @@ void unpack_row(const Weights& w, int64_t j, int64_t k, float* out) {
   const uint8_t* codes = w.codes + j * code_bytes(w.kp, w.bits);
   const auto* srow = static_cast<const char*>(w.scales) + j * subs * pbytes;
   const auto* orow = static_cast<const char*>(w.offsets) + j * subs * pbytes;
-  alignas(32) uint8_t runs[4][32];  // Codes' vectors: a group's codes, one per byte
   for (int64_t g = 0; g * kGroup < k; ++g) {
+    __m256i v[4];
     if (w.bits == 4) {
       const Codes<4> c(codes + g * 64);
-      for (int i = 0; i < 4; ++i) _mm256_store_si256(reinterpret_cast<__m256i*>(runs[i]), c.v[i]);
+      for (int i = 0; i < 4; ++i) v[i] = c.v[i];
     } else {
       const Codes<8> c(codes + g * 128);
-      for (int i = 0; i < 4; ++i) _mm256_store_si256(reinterpret_cast<__m256i*>(runs[i]), c.v[i]);
+      for (int i = 0; i < 4; ++i) v[i] = c.v[i];
     }
-    for (int64_t b = 0; b < 4 && g * kGroup + b * kBlock < k; ++b) {
-      for (int h = 0; h < 2; ++h) {  // block b's half h: vector 2 h + b / 2, byte 16 (b % 2)
-        const int64_t first = g * kGroup + b * kBlock + 16 * h, sub = first / w.sub;
-        const __m256 scale = _mm256_set1_ps(param(srow, w.half, sub));
-        const __m256 offset = _mm256_set1_ps(param(orow, w.half, sub));
-        const uint8_t* run = runs[2 * h + b / 2] + 16 * (b % 2);
-        for (int e = 0; e < 2; ++e) {
-          const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(run + 8 * e))));
-          _mm256_storeu_ps(out + first + 8 * e, _mm256_fmadd_ps(c, scale, offset));
-        }
+    const __m256 scales = group_params(srow, w.half, w.sub, g);
+    const __m256 offsets = group_params(orow, w.half, w.sub, g);
+    for (int b = 0; b < 4 && g * kGroup + b * kBlock < k; ++b) {
+      for (int h = 0; h < 2; ++h) {  // block b's half h: Codes' vector 2 h + b / 2, half b % 2
+        const __m256i lanes = v[2 * h + b / 2];
+        const __m128i run = b % 2 ? _mm256_extracti128_si256(lanes, 1)
+                                  : _mm256_castsi256_si128(lanes);
+        const __m256i at = _mm256_set1_epi32(w.sub == 32 ? b : 2 * b + h);
+        const __m256 scale = _mm256_permutevar8x32_ps(scales, at);
+        const __m256 offset = _mm256_permutevar8x32_ps(offsets, at);
+        float* o = out + g * kGroup + b * kBlock + 16 * h;
+        const __m256 c0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(run));
+        const __m256 c1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(run, 8)));
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(c0, scale, offset));
+        _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(c1, scale, offset));
       }
     }
+  }
+}
+
+namespace {
+
+// A block of R activation rows against J unpacked weight rows (stride k each): dot products
+// in R x J vector accumulators, 8 k at a time, R + J loads per R x J fmas.
+template <int R, int J>
+inline void unpacked_tile(const float* x, const float* w, int64_t k, const float* bias,
+                          float* out, int64_t n) {
+  __m256 acc[R][J];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) acc[r][j] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < k; t += 8) {
+    __m256 wv[J];
+    for (int j = 0; j < J; ++j) wv[j] = _mm256_loadu_ps(w + j * k + t);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * k + t);
+      for (int j = 0; j < J; ++j) acc[r][j] = _mm256_fmadd_ps(xv, wv[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) out[r * n + j] = hsum(acc[r][j]) + (bias ? bias[j] : 0.f);
+}
+
+// All m rows against J weight rows: 4 rows at a time, then the 1-3 left.
+template <int J>
+void rows_against(const float* x, int64_t m, const float* w, int64_t k, const float* bias,
+                  float* out, int64_t n) {
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) unpacked_tile<4, J>(x + r * k, w, k, bias, out + r * n, n);
+  switch (m - r) {
+    case 3: return unpacked_tile<3, J>(x + r * k, w, k, bias, out + r * n, n);
+    case 2: return unpacked_tile<2, J>(x + r * k, w, k, bias, out + r * n, n);
+    case 1: return unpacked_tile<1, J>(x + r * k, w, k, bias, out + r * n, n);
+    default: return;
+  }
+}
+
+}  // namespace
+
+void gemm_unpacked(const Weights& w, const float* x, int64_t m, int64_t k, const float* bias,
+                   float* out, int64_t n_begin, int64_t n_end) {
+  constexpr int64_t kUnpackRows = 8;  // with 4 rows of x, L1-sized for k up to ~700
+  thread_local std::vector<float> scratch;
+  scratch.resize(kUnpackRows * k);
+  for (int64_t j0 = n_begin; j0 < n_end; j0 += kUnpackRows) {
+    const int64_t rows = std::min(kUnpackRows, n_end - j0);
+    for (int64_t j = 0; j < rows; ++j) unpack_row(w, j0 + j, k, scratch.data() + j * k);
+    int64_t j = 0;
+    for (; j + 2 <= rows; j += 2)
+      rows_against<2>(x, m, scratch.data() + j * k, k, bias ? bias + j0 + j : nullptr,
+                      out + j0 + j, w.n);
+    if (j < rows)
+      rows_against<1>(x, m, scratch.data() + j * k, k, bias ? bias + j0 + j : nullptr,
+                      out + j0 + j, w.n);
   }
 }
 

@@ -98,6 +98,14 @@ namespace portable { void unpack_row(const Weights& w, int64_t j, int64_t k, flo
 namespace avx2 { void unpack_row(const Weights& w, int64_t j, int64_t k, float* out); }
 namespace avx512 { void unpack_row(const Weights& w, int64_t j, int64_t k, float* out); }
 
+// out[r * n + j] = x_r . w_j (+ bias[j]) for weight rows [n_begin, n_end) with x [m, k] as
+// exact fp32: a few weight rows at a time unpacked into cache-sized scratch and multiplied
+// with fp32 fmas. AVX2's path for small batches (quant_linear.cpp kAvx2UnpackedRows).
+namespace avx2 {
+void gemm_unpacked(const Weights& w, const float* x, int64_t m, int64_t k, const float* bias,
+                   float* out, int64_t n_begin, int64_t n_end);
+}
+
 // IEEE half -> float without F16C (portable kernels, embedding lookup, scale reads).
 inline float half_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16;

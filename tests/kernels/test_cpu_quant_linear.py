@@ -63,6 +63,15 @@ def reference(x: torch.Tensor, weight: QuantWeight, dense: torch.Tensor) -> torc
     return xr @ (dense - offsets).T + x.double() @ offsets.T
 
 
+def expected(quant, isa_id: int, x: torch.Tensor, weight: QuantWeight,
+             dense: torch.Tensor) -> torch.Tensor:
+    """What the kernels compute for these rows: on the rounded activations, or from
+    exact_rows(isa) on (AVX2's unpacked path, everyone's dense one) on the exact ones."""
+    if x.shape[0] >= quant.exact_rows(isa_id):
+        return x.double() @ dense.T
+    return reference(x, weight, dense)
+
+
 SHAPES = {  # (out_features, in_features): odd row counts, k under/at/past a group of 128
     "legacy": [(1, 32), (7, 96), (13, 576), (66, 1536)],
     "k": [(1, 256), (7, 512), (13, 768), (66, 1536)],
@@ -71,9 +80,10 @@ SHAPES = {  # (out_features, in_features): odd row counts, k under/at/past a gro
 
 @pytest.mark.parametrize("isa", sorted(cpu_kernels.QUANT_ISAS))
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-# rows: decode's 1, odd and even counts around the 2-row tile, 17 and 33 past the 16-row
-# activation blocks, 200 (several blocks and chunks)
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17, 33, 200])
+# rows: decode's 1, odd and even counts around the 2- and 4-row tiles (each of AVX2's
+# unpacked path's 1-3 row tails), 17 and 33 past the 16-row activation blocks, 200 (several
+# blocks and chunks)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 17, 33, 200])
 @pytest.mark.parametrize("shape", range(4))
 def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
     isa_id = isa_or_skip(quant, isa)
@@ -83,9 +93,9 @@ def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
     x = torch.from_numpy(rng.standard_normal((rows, in_features)).astype(np.float32))
     out = quant.quant_linear(x, weight.codes, weight.scales, weight.offsets, weight.bits,
                              weight.sub, None, isa_id)
-    expected = reference(x, weight, dense)
     scale = (x.double().abs() @ dense.abs().T).max().item()  # the size of the sums' terms
-    torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-6 * scale)
+    torch.testing.assert_close(out.double(), expected(quant, isa_id, x, weight, dense), rtol=0,
+                               atol=2e-6 * scale)
     # and against the unrounded activations: within the rounding's bound
     bound = x.double().abs().reshape(rows, -1, 32).amax(-1).repeat_interleave(32, 1) / 127 / 2**15
     assert ((out.double() - x.double() @ dense.T).abs() <= bound @ dense.abs().T
@@ -148,8 +158,8 @@ def test_rows_of_two_formats_share_one_matrix(quant):
     out = quant.quant_linear(x, both.codes, both.scales, both.offsets, both.bits, both.sub,
                              None, -1)
     scale = (x.double().abs() @ dense.abs().T).max().item()
-    torch.testing.assert_close(out.double(), reference(x, both, dense), rtol=0,
-                               atol=2e-6 * scale)
+    torch.testing.assert_close(out.double(), expected(quant, quant.best_isa(), x, both, dense),
+                               rtol=0, atol=2e-6 * scale)
 
 
 @pytest.mark.parametrize("isa", sorted(cpu_kernels.QUANT_ISAS))
@@ -162,7 +172,8 @@ def test_bias_and_forced_isa_through_quant_linear(quant, isa, monkeypatch):
     layer = QuantLinear(weight, bias, quant)
     assert layer.isa == cpu_kernels.QUANT_ISAS[isa]
     x = torch.from_numpy(rng.standard_normal((6, 64)).astype(np.float32))
-    torch.testing.assert_close(layer(x).double(), reference(x, weight, dense) + bias.double(),
+    torch.testing.assert_close(layer(x).double(),
+                               expected(quant, layer.isa, x, weight, dense) + bias.double(),
                                rtol=0, atol=1e-4)
 
 
