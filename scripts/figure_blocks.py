@@ -81,9 +81,12 @@ def rewrite_page(path: Path, name: str, body: str) -> bool:
 
 @dataclass(frozen=True)
 class Machine:
-    """What a figure was measured on: the CPU, its core count and the checkout."""
+    """What a figure was measured on: the CPU, its widest vector instructions (one model
+    name covers CPUs that differ: `AMD EPYC` is a Zen 3 with AVX2 or a Zen 4 with
+    AVX-512), its core count and the checkout."""
     cpu: str
     cpu_source: str
+    vectors: str
     cores: int
     commit: str
 
@@ -100,6 +103,21 @@ def cpu_model() -> tuple[str, str]:
         if key.strip() == "Model name" and value.strip():
             return value.strip(), "`lscpu` model name"
     return platform.processor() or "unknown CPU", "`platform.processor()`"
+
+
+def cpu_vectors() -> str:
+    """The widest vector instructions /proc/cpuinfo lists, as the kernels choose by them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return "vector instructions unknown"
+    flags = set(line.partition(":")[2].split())
+    if "avx512f" not in flags:
+        return "AVX2" if "avx2" in flags else "no AVX2"
+    extras = [name for flag, name in (("avx512_vnni", "VNNI"), ("avx512_bf16", "BF16"),
+                                      ("amx_tile", "AMX")) if flag in flags]
+    return "AVX-512" + (" with " + ", ".join(extras) if extras else "")
 
 
 def git(repo: Path, *args: str) -> str | None:
@@ -120,4 +138,5 @@ def checkout(repo: Path, own_pages: set[Path]) -> str:
 
 def describe_machine(repo: Path, blocks: list[Block]) -> Machine:
     cpu, source = cpu_model()
-    return Machine(cpu, source, os.cpu_count() or 1, checkout(repo, {b.page for b in blocks}))
+    return Machine(cpu, source, cpu_vectors(), os.cpu_count() or 1,
+                   checkout(repo, {b.page for b in blocks}))

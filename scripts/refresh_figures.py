@@ -11,13 +11,14 @@ Both markers stand alone on their line, at column 0 and outside any ``` or ~~~ f
 a page can show the format in a code example without it being rewritten). NAME is
 an entry of FIGURES below. Each block's inside becomes exactly:
 
-    Measured with `COMMAND` on a 2-core `CPU MODEL` (`lscpu` model name), YYYY-MM-DD, commit SHORTSHA:
+    Measured with `COMMAND` on a 2-core `CPU MODEL` (`lscpu` model name; VECTORS), YYYY-MM-DD, commit SHORTSHA:
 
     ```text
     OUTPUT
     ```
 
-COMMAND is the command as a reader would type it; a figure measured against a server the
+VECTORS is the CPU's widest vector instructions (AVX2, AVX-512 with VNNI, ...): one model
+name can cover CPUs whose figures differ. COMMAND is the command as a reader would type it; a figure measured against a server the
 script started shows that server as ws://127.0.0.1:8000/v1/ws or http://127.0.0.1:8000/v1
 (in the output too) and says `(against `tokenwire serve ARGS` started by the script)` right
 after the command. The commit gets "+dirty" when git shows tracked changes outside the
@@ -151,7 +152,8 @@ def against(figure: Figure) -> str:
 def render(figure: Figure, machine: Machine, output: str) -> str:
     """A block's new inside."""
     return (f"Measured with `{shown_command(figure)}`{against(figure)} on a {machine.cores}-core "
-            f"`{machine.cpu}` ({machine.cpu_source}), {datetime.date.today().isoformat()}, "
+            f"`{machine.cpu}` ({machine.cpu_source}; {machine.vectors}), "
+            f"{datetime.date.today().isoformat()}, "
             f"commit {machine.commit}:\n\n```text\n{output}\n```")
 
 

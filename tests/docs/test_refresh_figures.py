@@ -23,12 +23,12 @@ def _load(name: str):
 blocks = _load("figure_blocks")  # refresh_figures imports it as a sibling module
 rf = _load("refresh_figures")
 
-MACHINE = blocks.Machine("Test CPU 9000", "`lscpu` model name", 2, "abc1234")
+MACHINE = blocks.Machine("Test CPU 9000", "`lscpu` model name", "AVX2", 2, "abc1234")
 
 
 def stamp(command: str) -> str:
     today = datetime.date.today().isoformat()
-    return (f"Measured with `{command}` on a 2-core `Test CPU 9000` (`lscpu` model name), "
+    return (f"Measured with `{command}` on a 2-core `Test CPU 9000` (`lscpu` model name; AVX2), "
             f"{today}, commit abc1234:")
 
 
@@ -64,7 +64,7 @@ def test_server_figure_shows_the_default_url_and_the_server():
     assert rf.render(figure, MACHINE, "out").split("\n")[0] == (
         "Measured with `tokenwire loadtest --url ws://127.0.0.1:8000/v1/ws` (against "
         "`tokenwire serve --device cpu` started by the script) on a 2-core `Test CPU 9000` "
-        f"(`lscpu` model name), {datetime.date.today().isoformat()}, commit abc1234:")
+        f"(`lscpu` model name; AVX2), {datetime.date.today().isoformat()}, commit abc1234:")
 
 
 def test_serve_must_match_the_url_placeholders():
