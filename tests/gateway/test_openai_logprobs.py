@@ -15,6 +15,11 @@ from ws_helpers import open_ws, recv_until
 CHAT = [{"role": "user", "content": "Name a fruit."}]
 PROMPT_IDS = [504, 3575, 282, 4649, 314]  # "The capital of France is"
 GREEDY = {"temperature": 0, "max_tokens": 8, "model": "m"}
+# The second of two identical requests hits the prefix cache, so its prefill multiplies fewer
+# rows, and a quantized matmul's path depends on the row count (on AVX2, from 6 rows the
+# activations are taken exact, below that at three int8 levels: docs/quantization.md). Either
+# is within 4e-5 of fp32's logprobs, so the two may differ by that much, never by a token's.
+SAME_LOGPROB = 1e-4
 
 
 @pytest.fixture
@@ -47,7 +52,7 @@ async def test_chat_logprobs_whole_and_streamed(client):
             streamed += chunk.choices[0].logprobs.content
     assert [e.token for e in streamed] == [e.token for e in content]
     assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content],
-                                                          abs=1e-5)
+                                                          abs=SAME_LOGPROB)
 
 
 async def test_completion_logprobs_legacy_shape(client):
@@ -62,7 +67,7 @@ async def test_completion_logprobs_legacy_shape(client):
                                                        stream=True, **GREEDY):
         if chunk.choices[0].logprobs:
             streamed += chunk.choices[0].logprobs.token_logprobs
-    assert streamed == pytest.approx(lp.token_logprobs, abs=1e-5)
+    assert streamed == pytest.approx(lp.token_logprobs, abs=SAME_LOGPROB)
 
 
 async def test_ws_logprobs_are_the_models_own(base_url, client):
