@@ -18,8 +18,9 @@ an entry of FIGURES below. Each block's inside becomes exactly:
     ```
 
 VECTORS is the CPU's widest vector instructions (AVX2, AVX-512 with VNNI, ...): one model
-name can cover CPUs whose figures differ. COMMAND is the command as a reader would type it; a figure measured against a server the
-script started shows that server as ws://127.0.0.1:8000/v1/ws or http://127.0.0.1:8000/v1
+name can cover CPUs whose figures differ. COMMAND is the command as a reader would type
+it; a figure measured against a server the script started shows that server as
+ws://127.0.0.1:8000/v1/ws or http://127.0.0.1:8000/v1
 (in the output too) and says `(against `tokenwire serve ARGS` started by the script)` right
 after the command. The commit gets "+dirty" when git shows tracked changes outside the
 pages that hold figure blocks. OUTPUT is the command's stdout, cut by the figure's `keep`

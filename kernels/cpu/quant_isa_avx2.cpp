@@ -166,10 +166,8 @@ template <int Bits, int Sub, bool Half>
   constexpr int64_t kSubsPerGroup = kGroup / Sub, kGroupsPerStep = 8 / kSubsPerGroup;
   const Weights& w = g.w;
   const Activations& x = g.x;
-  const int64_t groups = w.kp / kGroup, subs = w.kp / Sub, pbytes = Half ? 2 : 4;
-  const uint8_t* codes = w.codes + j * code_bytes(w.kp, Bits);
-  const char* scales = static_cast<const char*>(w.scales) + j * subs * pbytes;
-  const char* offsets = static_cast<const char*>(w.offsets) + j * subs * pbytes;
+  const int64_t groups = w.kp / kGroup, subs = w.kp / Sub;
+  const WeightRow wj = weight_row(w, j);
   const float* d = x.d + row * subs;
   const float* sums = x.sums + row * subs;
   const __m256i order = Sub == 32 ? _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)
@@ -177,7 +175,8 @@ template <int Bits, int Sub, bool Half>
   __m256 acc = _mm256_setzero_ps(), acc_offsets = _mm256_setzero_ps();
   for (int64_t gi = 0; gi < groups; gi += kGroupsPerStep) {
     auto dots_of = [&](int64_t gj) {
-      return group_dots<Bits, Sub>(codes + gj * (kGroup * Bits / 8), x, row * x.kp + gj * kGroup);
+      return group_dots<Bits, Sub>(wj.codes + gj * (kGroup * Bits / 8), x,
+                                   row * x.kp + gj * kGroup);
     };
     Dots s = dots_of(gi);
     if constexpr (Sub == 32) {
@@ -192,10 +191,10 @@ template <int Bits, int Sub, bool Half>
     // Sub 16 steps are one whole group; sub 32 ones two, or the last group alone.
     const int64_t first = gi * kSubsPerGroup;
     const bool four = subs - first == 4;
-    const __m256 scale = load8<Half>(scales, first, four);
+    const __m256 scale = load8<Half>(wj.scales, first, four);
     const __m256 ds = _mm256_mul_ps(scale, load8<false>(d, first, four));
     acc = _mm256_fmadd_ps(value, _mm256_permutevar8x32_ps(ds, order), acc);
-    acc_offsets = _mm256_fmadd_ps(load8<Half>(offsets, first, four),
+    acc_offsets = _mm256_fmadd_ps(load8<Half>(wj.offsets, first, four),
                                   load8<false>(sums, first, four), acc_offsets);
   }
   return hsum(_mm256_add_ps(acc, acc_offsets));
@@ -236,21 +235,18 @@ inline __m256 group_params(const void* row, bool half, int sub, int64_t g) {
 }  // namespace
 
 void unpack_row(const Weights& w, int64_t j, int64_t k, float* out) {
-  const int64_t subs = w.kp / w.sub, pbytes = w.half ? 2 : 4;
-  const uint8_t* codes = w.codes + j * code_bytes(w.kp, w.bits);
-  const auto* srow = static_cast<const char*>(w.scales) + j * subs * pbytes;
-  const auto* orow = static_cast<const char*>(w.offsets) + j * subs * pbytes;
+  const WeightRow row = weight_row(w, j);
   for (int64_t g = 0; g * kGroup < k; ++g) {
     __m256i v[4];
     if (w.bits == 4) {
-      const Codes<4> c(codes + g * 64);
+      const Codes<4> c(row.codes + g * 64);
       for (int i = 0; i < 4; ++i) v[i] = c.v[i];
     } else {
-      const Codes<8> c(codes + g * 128);
+      const Codes<8> c(row.codes + g * 128);
       for (int i = 0; i < 4; ++i) v[i] = c.v[i];
     }
-    const __m256 scales = group_params(srow, w.half, w.sub, g);
-    const __m256 offsets = group_params(orow, w.half, w.sub, g);
+    const __m256 scales = group_params(row.scales, w.half, w.sub, g);
+    const __m256 offsets = group_params(row.offsets, w.half, w.sub, g);
     for (int b = 0; b < 4 && g * kGroup + b * kBlock < k; ++b) {
       for (int h = 0; h < 2; ++h) {  // block b's half h: Codes' vector 2 h + b / 2, half b % 2
         const __m256i lanes = v[2 * h + b / 2];

@@ -243,17 +243,14 @@ void gemm_bits_sub(const Gemm& g, int64_t n_begin, int64_t n_end) {
 }  // namespace
 
 void unpack_row(const Weights& w, int64_t j, int64_t k, float* out) {
-  const int64_t subs = w.kp / w.sub, pbytes = w.half ? 2 : 4;
-  const uint8_t* codes = w.codes + j * code_bytes(w.kp, w.bits);
-  const auto* srow = static_cast<const char*>(w.scales) + j * subs * pbytes;
-  const auto* orow = static_cast<const char*>(w.offsets) + j * subs * pbytes;
+  const WeightRow row = weight_row(w, j);
   alignas(64) uint8_t runs[2][64];  // a group's lo and hi runs, one code per byte
   for (int64_t g = 0; g * kGroup < k; ++g) {
     __m512i lo, hi;
     if (w.bits == 4)
-      load_codes<4>(codes + g * 64, lo, hi);
+      load_codes<4>(row.codes + g * 64, lo, hi);
     else
-      load_codes<8>(codes + g * 128, lo, hi);
+      load_codes<8>(row.codes + g * 128, lo, hi);
     _mm512_store_si512(runs[0], lo);
     _mm512_store_si512(runs[1], hi);
     for (int64_t b = 0; b < 4 && g * kGroup + b * kBlock < k; ++b) {
@@ -262,8 +259,8 @@ void unpack_row(const Weights& w, int64_t j, int64_t k, float* out) {
         const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
             _mm_load_si128(reinterpret_cast<const __m128i*>(runs[h] + 16 * b))));
         _mm512_storeu_ps(out + first,
-                         _mm512_fmadd_ps(c, _mm512_set1_ps(param_at(srow, w.half, sub)),
-                                         _mm512_set1_ps(param_at(orow, w.half, sub))));
+                         _mm512_fmadd_ps(c, _mm512_set1_ps(param_at(row.scales, w.half, sub)),
+                                         _mm512_set1_ps(param_at(row.offsets, w.half, sub))));
       }
     }
   }

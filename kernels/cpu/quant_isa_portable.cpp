@@ -48,24 +48,20 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int
 }
 
 void unpack_row(const Weights& w, int64_t j, int64_t k, float* out) {
-  const int64_t subs = w.kp / w.sub, pbytes = w.half ? 2 : 4;
-  const uint8_t* codes = w.codes + j * code_bytes(w.kp, w.bits);
-  const auto* srow = static_cast<const char*>(w.scales) + j * subs * pbytes;
-  const auto* orow = static_cast<const char*>(w.offsets) + j * subs * pbytes;
+  const WeightRow row = weight_row(w, j);
   for (int64_t t = 0; t < k; ++t)
-    out[t] = param_at(srow, w.half, t / w.sub) * float(code_at(codes, w.bits, t)) +
-             param_at(orow, w.half, t / w.sub);
+    out[t] = param_at(row.scales, w.half, t / w.sub) * float(code_at(row.codes, w.bits, t)) +
+             param_at(row.offsets, w.half, t / w.sub);
 }
 
 void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
   const Weights& w = g.w;
   const Activations& x = g.x;
-  const int64_t subs = w.kp / w.sub, cb = code_bytes(w.kp, w.bits), pbytes = w.half ? 2 : 4;
+  const int64_t subs = w.kp / w.sub;
   std::vector<int32_t> codes(w.kp);
   for (int64_t j = n_begin; j < n_end; ++j) {
-    for (int64_t t = 0; t < w.kp; ++t) codes[t] = code_at(w.codes + j * cb, w.bits, t);
-    const auto* srow = static_cast<const char*>(w.scales) + j * subs * pbytes;
-    const auto* orow = static_cast<const char*>(w.offsets) + j * subs * pbytes;
+    const WeightRow row = weight_row(w, j);
+    for (int64_t t = 0; t < w.kp; ++t) codes[t] = code_at(row.codes, w.bits, t);
     for (int64_t r = 0; r < x.m; ++r) {
       float acc = 0.f;
       for (int64_t s = 0; s < subs; ++s) {
@@ -73,10 +69,10 @@ void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
         for (int64_t t = s * w.sub; t < (s + 1) * w.sub; ++t)
           for (int level = 0; level < kLevels; ++level)
             dots[level] += codes[t] * x.p[level][r * x.kp + lohi_index(t)];
-        const float ds = param_at(srow, w.half, s) * x.d[r * subs + s];
+        const float ds = param_at(row.scales, w.half, s) * x.d[r * subs + s];
         const float levels = float((dots[0] << kLevelShift) + dots[1]) * float(1 << kLevelShift) +
                              float(dots[2]);
-        acc += levels * ds + param_at(orow, w.half, s) * x.sums[r * subs + s];
+        acc += levels * ds + param_at(row.offsets, w.half, s) * x.sums[r * subs + s];
       }
       g.out[r * w.n + j] = acc + (g.bias ? g.bias[j] : 0.f);
     }

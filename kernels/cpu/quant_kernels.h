@@ -134,6 +134,21 @@ inline float param_at(const void* row, bool half, int64_t i) {
 
 inline int64_t code_bytes(int64_t kp, int bits) { return kp * bits / 8; }
 
+// Where weight row j's codes, scales and offsets start (the last two fp16 or fp32, as
+// w.half says: read them with param_at).
+struct WeightRow {
+  const uint8_t* codes;
+  const void* scales;
+  const void* offsets;
+};
+
+inline WeightRow weight_row(const Weights& w, int64_t j) {
+  const int64_t param_bytes = w.kp / w.sub * (w.half ? 2 : 4);
+  return {w.codes + j * code_bytes(w.kp, w.bits),
+          static_cast<const char*>(w.scales) + j * param_bytes,
+          static_cast<const char*>(w.offsets) + j * param_bytes};
+}
+
 // Where weight j of a row sits in its group's lo/hi order (0-63 lo, 64-127 hi).
 inline int64_t lohi_index(int64_t j) {
   const int64_t i = j % kGroup, block = i / kBlock, t = i % kBlock;

@@ -207,8 +207,7 @@ at::Tensor quant_embedding(const at::Tensor& ids, const at::Tensor& codes, const
   const Weights w = weights_of(codes, scales, offsets, bits, sub, k);
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1, "ids must be int64 [T]");
   const at::Tensor idc = ids.contiguous();
-  const int64_t t = idc.numel(), cb = code_bytes(w.kp, w.bits), subs = w.kp / w.sub;
-  const int64_t pbytes = w.half ? 2 : 4;
+  const int64_t t = idc.numel();
   const int64_t* ip = idc.data_ptr<int64_t>();
   for (int64_t i = 0; i < t; ++i)
     TORCH_CHECK(ip[i] >= 0 && ip[i] < w.n, "token id ", ip[i], " out of range");
@@ -216,12 +215,11 @@ at::Tensor quant_embedding(const at::Tensor& ids, const at::Tensor& codes, const
   float* op = out.data_ptr<float>();
   at::parallel_for(0, t, 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const uint8_t* row = w.codes + ip[i] * cb;
-      const auto* srow = static_cast<const char*>(w.scales) + ip[i] * subs * pbytes;
-      const auto* orow = static_cast<const char*>(w.offsets) + ip[i] * subs * pbytes;
+      const WeightRow row = weight_row(w, ip[i]);
       for (int64_t j = 0; j < k; ++j) {
-        const float s = param_at(srow, w.half, j / w.sub), o = param_at(orow, w.half, j / w.sub);
-        const float c = float(code_at(row, w.bits, j));
+        const float s = param_at(row.scales, w.half, j / w.sub);
+        const float o = param_at(row.offsets, w.half, j / w.sub);
+        const float c = float(code_at(row.codes, w.bits, j));
         op[i * k + j] = fused ? std::fma(s, c, o) : s * c + o;  // -ffp-contract=off
       }
     }
