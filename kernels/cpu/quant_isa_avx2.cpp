@@ -267,57 +267,104 @@ void unpack_row(const Weights& w, int64_t j, int64_t k, float* out) {
 
 namespace {
 
-// A block of R activation rows against J unpacked weight rows (stride k each): dot products
-// in R x J vector accumulators, 8 k at a time, R + J loads per R x J fmas.
-template <int R, int J>
-inline void unpacked_tile(const float* x, const float* w, int64_t k, const float* bias,
-                          float* out, int64_t n) {
-  __m256 acc[R][J];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) acc[r][j] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < k; t += 8) {
-    __m256 wv[J];
-    for (int j = 0; j < J; ++j) wv[j] = _mm256_loadu_ps(w + j * k + t);
-    for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_loadu_ps(x + r * k + t);
-      for (int j = 0; j < J; ++j) acc[r][j] = _mm256_fmadd_ps(xv, wv[j], acc[r][j]);
-    }
+// The 8x8 block of floats at `in` (rows `in_stride` apart) transposed into `out` (rows
+// `out_stride` apart).
+inline void transpose8x8(const float* in, int64_t in_stride, float* out, int64_t out_stride) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(in + i * in_stride);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) out[r * n + j] = hsum(acc[r][j]) + (bias ? bias[j] : 0.f);
+  for (int i = 0; i < 8; i += 4)
+    for (int h = 0; h < 2; ++h) {
+      r[i + 2 * h] = _mm256_shuffle_ps(t[i + h], t[i + 2 + h], 0x44);
+      r[i + 2 * h + 1] = _mm256_shuffle_ps(t[i + h], t[i + 2 + h], 0xee);
+    }
+  for (int i = 0; i < 4; ++i) {  // r[i]: columns i | i + 4 of rows 0-3, r[4 + i] of rows 4-7
+    _mm256_storeu_ps(out + i * out_stride, _mm256_permute2f128_ps(r[i], r[4 + i], 0x20));
+    _mm256_storeu_ps(out + (i + 4) * out_stride, _mm256_permute2f128_ps(r[i], r[4 + i], 0x31));
+  }
 }
 
-// All m rows against J weight rows: 4 rows at a time, then the 1-3 left.
-template <int J>
-void rows_against(const float* x, int64_t m, const float* w, int64_t k, const float* bias,
-                  float* out, int64_t n) {
-  int64_t r = 0;
-  for (; r + 4 <= m; r += 4) unpacked_tile<4, J>(x + r * k, w, k, bias, out + r * n, n);
-  switch (m - r) {
-    case 3: return unpacked_tile<3, J>(x + r * k, w, k, bias, out + r * n, n);
-    case 2: return unpacked_tile<2, J>(x + r * k, w, k, bias, out + r * n, n);
-    case 1: return unpacked_tile<1, J>(x + r * k, w, k, bias, out + r * n, n);
-    default: return;
+constexpr int kTileWeights = 6;  // weight rows per tile: 12 accumulators at 2 panels
+
+// V panels of 8 activation rows (panel v at xt + v * 8 k) against J unpacked weight rows
+// (stride k): each k step V panel loads and one broadcast per weight row, J x V fmas.
+// sums[j][8 v + i] = row 8 v + i of the panels . weight row j.
+template <int V, int J>
+inline void weight_tile(const float* xt, int64_t k, const float* w, float (*sums)[16]) {
+  __m256 acc[J][V];
+  for (int j = 0; j < J; ++j)
+    for (int v = 0; v < V; ++v) acc[j][v] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < k; ++t) {
+    __m256 xv[V];
+    for (int v = 0; v < V; ++v) xv[v] = _mm256_loadu_ps(xt + (v * k + t) * 8);
+    for (int j = 0; j < J; ++j) {
+      const __m256 wb = _mm256_broadcast_ss(w + j * k + t);
+      for (int v = 0; v < V; ++v) acc[j][v] = _mm256_fmadd_ps(wb, xv[v], acc[j][v]);
+    }
+  }
+  // Unrolled, so acc stays in registers (a rolled loop here kept it on the stack throughout).
+#pragma GCC unroll 8
+  for (int j = 0; j < J; ++j)
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) _mm256_storeu_ps(sums[j] + 8 * v, acc[j][v]);
+}
+
+template <int V>
+void weight_tile_of(int j, const float* xt, int64_t k, const float* w, float (*sums)[16]) {
+  switch (j) {
+    case 6: return weight_tile<V, 6>(xt, k, w, sums);
+    case 5: return weight_tile<V, 5>(xt, k, w, sums);
+    case 4: return weight_tile<V, 4>(xt, k, w, sums);
+    case 3: return weight_tile<V, 3>(xt, k, w, sums);
+    case 2: return weight_tile<V, 2>(xt, k, w, sums);
+    default: return weight_tile<V, 1>(xt, k, w, sums);
   }
 }
 
 }  // namespace
 
-void gemm_unpacked(const Weights& w, const float* x, int64_t m, int64_t k, const float* bias,
+void pack_rows(const float* x, int64_t m, int64_t k, float* xt) {
+  for (int64_t q = 0; 8 * q < m; ++q) {
+    const int64_t rows = std::min<int64_t>(8, m - 8 * q);
+    float* panel = xt + q * 8 * k;
+    for (int64_t t = 0; t < k; t += 8) {  // k is a multiple of 32
+      if (rows == 8) {
+        transpose8x8(x + 8 * q * k + t, k, panel + t * 8, 8);
+        continue;
+      }
+      for (int64_t u = 0; u < 8; ++u)
+        for (int64_t i = 0; i < 8; ++i)
+          panel[(t + u) * 8 + i] = i < rows ? x[(8 * q + i) * k + t + u] : 0.f;
+    }
+  }
+}
+
+void gemm_unpacked(const Weights& w, const float* xt, int64_t m, int64_t k, const float* bias,
                    float* out, int64_t n_begin, int64_t n_end) {
-  constexpr int64_t kUnpackRows = 8;  // with 4 rows of x, L1-sized for k up to ~700
+  constexpr int64_t kUnpackRows = 16;  // with 16 activation rows, L1-sized for k up to ~600
   thread_local std::vector<float> scratch;
   scratch.resize(kUnpackRows * k);
+  float sums[kTileWeights][16];
   for (int64_t j0 = n_begin; j0 < n_end; j0 += kUnpackRows) {
     const int64_t rows = std::min(kUnpackRows, n_end - j0);
     for (int64_t j = 0; j < rows; ++j) unpack_row(w, j0 + j, k, scratch.data() + j * k);
-    int64_t j = 0;
-    for (; j + 2 <= rows; j += 2)
-      rows_against<2>(x, m, scratch.data() + j * k, k, bias ? bias + j0 + j : nullptr,
-                      out + j0 + j, w.n);
-    if (j < rows)
-      rows_against<1>(x, m, scratch.data() + j * k, k, bias ? bias + j0 + j : nullptr,
-                      out + j0 + j, w.n);
+    for (int64_t r0 = 0; r0 < m; r0 += 16) {  // two panels of activation rows at a time
+      const int64_t panel_rows = std::min<int64_t>(16, m - r0);
+      const float* xt_at = xt + r0 * k;
+      for (int64_t j = 0; j < rows; j += kTileWeights) {
+        const int tile = static_cast<int>(std::min<int64_t>(kTileWeights, rows - j));
+        const float* wj = scratch.data() + j * k;
+        if (panel_rows > 8) weight_tile_of<2>(tile, xt_at, k, wj, sums);
+        else weight_tile_of<1>(tile, xt_at, k, wj, sums);
+        for (int i = 0; i < tile; ++i) {
+          const float b = bias ? bias[j0 + j + i] : 0.f;
+          for (int64_t r = 0; r < panel_rows; ++r) out[(r0 + r) * w.n + j0 + j + i] = sums[i][r] + b;
+        }
+      }
+    }
   }
 }
 

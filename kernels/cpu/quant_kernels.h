@@ -98,11 +98,14 @@ namespace portable { void unpack_row(const Weights& w, int64_t j, int64_t k, flo
 namespace avx2 { void unpack_row(const Weights& w, int64_t j, int64_t k, float* out); }
 namespace avx512 { void unpack_row(const Weights& w, int64_t j, int64_t k, float* out); }
 
-// out[r * n + j] = x_r . w_j (+ bias[j]) for weight rows [n_begin, n_end) with x [m, k] as
-// exact fp32: a few weight rows at a time unpacked into cache-sized scratch and multiplied
-// with fp32 fmas. AVX2's path for small batches (quant_linear.cpp kAvx2UnpackedRows).
+// AVX2's path for small batches (quant_linear.cpp kAvx2UnpackedRows), x exact fp32:
+// pack_rows lays x [m, k] out as panels of 8 rows, k-major (xt[(q k + t) 8 + i] =
+// x[8 q + i][t], zeros past row m; ceil(m / 8) * 8 * k floats), then gemm_unpacked sets
+// out[r * n + j] = x_r . w_j (+ bias[j]) for weight rows [n_begin, n_end), unpacking 16 weight
+// rows at a time into cache-sized scratch and multiplying them with fp32 fmas.
 namespace avx2 {
-void gemm_unpacked(const Weights& w, const float* x, int64_t m, int64_t k, const float* bias,
+void pack_rows(const float* x, int64_t m, int64_t k, float* xt);
+void gemm_unpacked(const Weights& w, const float* xt, int64_t m, int64_t k, const float* bias,
                    float* out, int64_t n_begin, int64_t n_end);
 }
 

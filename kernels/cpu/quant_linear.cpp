@@ -29,9 +29,9 @@ constexpr int64_t kDenseRows = 256, kDenseChunkFloats = int64_t(1) << 20;
 // as unpacking the weight row to fp32 once, so from a few rows on (a batched decode step)
 // each weight row is unpacked into cache-sized scratch and multiplied by the exact fp32 rows
 // with fmas (avx2::gemm_unpacked). 2 threads, AMD EPYC Zen 3, int8 path -> unpacked, at
-// 4 / 8 / 32 rows: 3072x576 Q4 320 -> 380-426 / 609 -> 493-538 / 2413 -> 1430-1605 us;
-// 49152x576 Q8_0 5.6 -> 7.0-8.3 / 10.6 -> 9.2-11.4 / 43 -> 23-27 ms; hence 6.
-constexpr int64_t kAvx2UnpackedRows = 6;
+// 6 / 8 / 32 / 128 rows: 3072x576 Q4 439 -> 593 / 588 -> 627 / 1780 -> 892 / 11231 -> 3719 us;
+// 49152x576 Q8_0 8.4 -> 9.7 / 10.5 -> 9.8 / 44 -> 17 / 179 -> 62 ms; hence 8.
+constexpr int64_t kAvx2UnpackedRows = 8;
 
 // The first row count at which an instruction set's path takes x as exact fp32 instead of
 // rounded to three int8 levels.
@@ -152,15 +152,18 @@ at::Tensor dense_linear(const at::Tensor& x, const Weights& w, const std::option
   return out;
 }
 
-// AVX2's small-batch path: out = x W^T (+ bias) with x exact, threads splitting the weight
-// rows in chunks of 16 (each unpacked once, its scratch private to the thread).
+// AVX2's small-batch path: out = x W^T (+ bias) with x exact, laid out once as panels of 8
+// rows, threads splitting the weight rows in chunks of 16 (each unpacked once, its scratch
+// private to the thread).
 at::Tensor unpacked_linear(const at::Tensor& x, const Weights& w, const float* bias) {
   const int64_t m = x.size(0), k = x.size(1), chunks = (w.n + 15) / 16;
   at::Tensor out = at::empty({m, w.n}, x.options());
-  const float* xp = x.data_ptr<float>();
+  at::Tensor xt = at::empty({(m + 7) / 8 * 8, k}, x.options());
+  avx2::pack_rows(x.data_ptr<float>(), m, k, xt.data_ptr<float>());
+  const float* xtp = xt.data_ptr<float>();
   float* op = out.data_ptr<float>();
   WorkerPool::instance().run(chunks, at::get_num_threads(), [&](int64_t c) {
-    avx2::gemm_unpacked(w, xp, m, k, bias, op, 16 * c, std::min(w.n, 16 * c + 16));
+    avx2::gemm_unpacked(w, xtp, m, k, bias, op, 16 * c, std::min(w.n, 16 * c + 16));
   });
   return out;
 }

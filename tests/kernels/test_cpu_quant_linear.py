@@ -72,18 +72,19 @@ def expected(quant, isa_id: int, x: torch.Tensor, weight: QuantWeight,
     return reference(x, weight, dense)
 
 
-SHAPES = {  # (out_features, in_features): odd row counts, k under/at/past a group of 128
-    "legacy": [(1, 32), (7, 96), (13, 576), (66, 1536)],
-    "k": [(1, 256), (7, 512), (13, 768), (66, 1536)],
+SHAPES = {  # (out_features, in_features): k under/at/past a group of 128; odd row counts
+    # whose last 16 rows (AVX2's unpacked path's chunk) end in tiles of 1 to 6 rows
+    "legacy": [(1, 32), (7, 96), (19, 576), (66, 1536)],
+    "k": [(1, 256), (7, 512), (21, 768), (69, 1536)],
 }
 
 
 @pytest.mark.parametrize("isa", sorted(cpu_kernels.QUANT_ISAS))
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-# rows: decode's 1, odd and even counts around the 2- and 4-row tiles (each of AVX2's
-# unpacked path's 1-3 row tails), 17 and 33 past the 16-row activation blocks, 200 (several
-# blocks and chunks)
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 17, 33, 200])
+# rows: decode's 1, odd and even counts around the 2- and 4-row tiles, 8 (AVX2's unpacked
+# path's first: one panel of 8 rows), 17 and 33 past 16-row blocks (the last panel one row
+# and seven of padding), 200 (several blocks and chunks)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8, 17, 33, 200])
 @pytest.mark.parametrize("shape", range(4))
 def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
     isa_id = isa_or_skip(quant, isa)
