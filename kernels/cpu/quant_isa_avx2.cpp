@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "quant_kernels.h"
@@ -233,6 +234,64 @@ inline __m256 group_params(const void* row, bool half, int sub, int64_t g) {
 }
 
 }  // namespace
+
+namespace {
+
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+// 16 floats (already whole numbers, |v| <= 127) as 16 int8 in order.
+inline __m128i to_int8(__m256 a, __m256 b) {
+  const __m256i words = _mm256_permute4x64_epi64(  // [a0-3 b0-3 | a4-7 b4-7] -> a0-7 b0-7
+      _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b)), 0xd8);
+  return _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
+}
+
+}  // namespace
+
+// portable::quantize_row's arithmetic on 8 lanes: the same levels bit for bit (round to
+// nearest even, the same multiplies); sums are added in another order.
+void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
+                  float* d, float* sums) {
+  const float d_unit = float(1 << (kLevelShift * (kLevels - 1)));
+  const __m256 per_level = _mm256_set1_ps(float(1 << kLevelShift));
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t b = 0; b < kp; b += kBlock) {
+    __m256 v[4];  // k is a multiple of 32: a block is all inside x or all padding
+    for (int i = 0; i < 4; ++i) v[i] = b < k ? _mm256_loadu_ps(x + b + 8 * i) : _mm256_setzero_ps();
+    const float amax = hmax(_mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                          _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]))));
+    const float half_sums[2] = {hsum(_mm256_add_ps(v[0], v[1])), hsum(_mm256_add_ps(v[2], v[3]))};
+    const float total = half_sums[0] + half_sums[1];
+    const bool finite = std::isfinite(total) && std::isfinite(amax);
+    const __m256 inv = _mm256_set1_ps(finite && amax > 0.f ? 127.f / amax : 0.f);
+    const int64_t at = lohi_index(b);
+    for (int h = 0; h < 2; ++h) {  // the block's halves: 16 bytes of the lo, then the hi run
+      __m256 lo = _mm256_mul_ps(v[2 * h], inv), hi = _mm256_mul_ps(v[2 * h + 1], inv);
+      for (int level = 0; level < kLevels; ++level) {
+        const __m256 qlo = _mm256_round_ps(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 qhi = _mm256_round_ps(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(p + level * stride + at + 64 * h),
+                         to_int8(qlo, qhi));
+        lo = _mm256_mul_ps(_mm256_sub_ps(lo, qlo), per_level);
+        hi = _mm256_mul_ps(_mm256_sub_ps(hi, qhi), per_level);
+      }
+    }
+    const float scale = (finite ? amax / 127.f : NAN) / d_unit;
+    if (sub == 32) {
+      d[b / 32] = scale;
+      sums[b / 32] = total;
+    } else {
+      for (int h = 0; h < 2; ++h) {
+        d[b / 16 + h] = scale;
+        sums[b / 16 + h] = half_sums[h];
+      }
+    }
+  }
+}
 
 void unpack_row(const Weights& w, int64_t j, int64_t k, float* out) {
   const WeightRow row = weight_row(w, j);

@@ -82,8 +82,12 @@ namespace avx512 { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
 // One row of x [k] -> its int8 levels (level l at p + l * stride, lo/hi order within each
 // group), and per sub-block the block's d / 128^2 and the exact sum of x. Padding blocks
 // (past k) get zeros; a block holding NaN or inf gets d = NaN, so its outputs are NaN as
-// fp32 arithmetic would make them. The AVX2 path uses the portable one.
+// fp32 arithmetic would make them.
 namespace portable {
+void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
+                  float* d, float* sums);
+}
+namespace avx2 {
 void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
                   float* d, float* sums);
 }

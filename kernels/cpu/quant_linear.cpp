@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <cmath>
+#include <vector>
 
 #include "quant_kernels.h"
 #include "worker_pool.h"
@@ -77,14 +78,6 @@ Weights weights_of(const at::Tensor& codes, const at::Tensor& scales, const at::
                  kp, int(bits), int(sub), half};
 }
 
-// Buffers of quantize_rows: the levels [m, kp] int8, d and sums [m, kp / sub] and their
-// 4-row-tile transposes, and where asked the first two levels as int16 (quant_kernels.h's
-// Activations).
-struct QuantizedRows {
-  at::Tensor codes, floats, x12;
-  Activations view;
-};
-
 // The AVX2 kernel reads 8-bit codes against x12: vpmaddubsw would overflow on an unsigned
 // code times the first level (2 * 255 * 127), and an int16 dot of code and 128 * p1 + p2 takes
 // two levels in one multiply (1.35-1.65x the speed of the sign trick it replaced).
@@ -100,18 +93,25 @@ void transpose_tile(const float* rows, int64_t subs, int sub, float* out) {
           out[(g * halves + h) * 16 + 4 * b + r] = rows[r * subs + g * per_group + b * halves + h];
 }
 
-QuantizedRows quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa, bool x12) {
+// x [m, k] -> its Activations (quant_kernels.h), in buffers private to the calling thread and
+// reused by its next call (a tensor allocation each, three per matmul, cost more than a
+// decode row's quantization): the levels [m, kp] int8, d and sums [m, kp / sub] and their
+// 4-row-tile transposes, and where asked the first two levels as int16.
+Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa, bool x12) {
   const int64_t m = x.size(0), k = x.size(1), subs = kp / sub, tiles = m / 4;
-  QuantizedRows q;
-  q.codes = at::empty({kLevels, m, kp}, at::TensorOptions().dtype(at::kChar));
-  q.floats = at::empty({4, m, subs}, at::TensorOptions().dtype(at::kFloat));
-  int8_t* p = q.codes.data_ptr<int8_t>();
-  float* f = q.floats.data_ptr<float>();
-  float *d = f, *sums = f + m * subs, *d4 = f + 2 * m * subs, *sums4 = f + 3 * m * subs;
+  thread_local std::vector<int8_t> levels;
+  thread_local std::vector<float> floats;
+  thread_local std::vector<int16_t> words;
+  levels.resize(kLevels * m * kp);
+  floats.resize(4 * m * subs);
+  words.resize(x12 ? m * kp : 0);
+  int8_t* p = levels.data();
+  float *d = floats.data(), *sums = d + m * subs, *d4 = d + 2 * m * subs, *sums4 = d + 3 * m * subs;
   const float* xp = x.data_ptr<float>();
-  auto* quantize_row = isa == kAvx512 ? avx512::quantize_row : portable::quantize_row;
-  if (x12) q.x12 = at::empty({m, kp}, at::TensorOptions().dtype(at::kShort));
-  int16_t* x12p = x12 ? q.x12.data_ptr<int16_t>() : nullptr;
+  auto* quantize_row = isa == kAvx512 ? avx512::quantize_row
+                       : isa == kAvx2 ? avx2::quantize_row
+                                      : portable::quantize_row;
+  int16_t* x12p = x12 ? words.data() : nullptr;
   at::parallel_for(0, m, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       quantize_row(xp + r * k, k, kp, sub, p + r * kp, m * kp, d + r * subs, sums + r * subs);
@@ -125,8 +125,7 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t is
     transpose_tile(d + 4 * t * subs, subs, sub, d4 + 4 * t * subs);
     transpose_tile(sums + 4 * t * subs, subs, sub, sums4 + 4 * t * subs);
   }
-  q.view = Activations{{p, p + m * kp, p + 2 * m * kp}, d, sums, d4, sums4, m, kp, x12p};
-  return q;
+  return Activations{{p, p + m * kp, p + 2 * m * kp}, d, sums, d4, sums4, m, kp, x12p};
 }
 
 // The dense path: out = x W^T (+ bias), W unpacked kDenseChunkFloats at a time.
@@ -185,13 +184,13 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   }
   if (x.size(0) >= kDenseRows) return dense_linear(x, w, bias, isa);
   if (x.size(0) >= exact_rows(isa)) return unpacked_linear(x, w, bias_ptr);
-  const QuantizedRows q = quantize_rows(x, w.kp, w.sub, isa, needs_x12(isa, w.bits));
+  const Activations q = quantize_rows(x, w.kp, w.sub, isa, needs_x12(isa, w.bits));
   at::Tensor out = at::empty({x.size(0), w.n}, x.options());
-  const Gemm g{w, q.view, bias_ptr, out.data_ptr<float>()};
+  const Gemm g{w, q, bias_ptr, out.data_ptr<float>()};
   auto* gemm = isa == kAvx512 ? avx512::gemm : isa == kAvx2 ? avx2::gemm : portable::gemm;
   // Threads split the weight rows: each streams its own part of the weight once.
   const int threads = at::get_num_threads();
-  const int64_t groups = (w.n + kRows - 1) / kRows, group_macs = kRows * w.kp * q.view.m;
+  const int64_t groups = (w.n + kRows - 1) / kRows, group_macs = kRows * w.kp * q.m;
   const int64_t per_chunk = std::max((kMinChunkMacs + group_macs - 1) / group_macs,
                                      (groups + threads * kChunksPerThread - 1) /
                                          (threads * kChunksPerThread));

@@ -122,6 +122,26 @@ def test_prefill_sized_batches_take_exact_activations(quant, isa, fmt):
                                atol=1e-6 * scale)
 
 
+@pytest.mark.parametrize("isa", sorted(cpu_kernels.QUANT_ISAS))
+@pytest.mark.parametrize("rows", [1, 5, 9, 300])  # each path: int8 dots, unpacked, dense
+def test_nan_and_inf_rows_give_non_finite_outputs_and_spare_the_others(quant, isa, rows):
+    """A NaN or an inf in a row makes that row's outputs non-finite, as fp32 arithmetic would
+    (the int8 paths set the block's scale to NaN: rounding would hide it), and no other
+    row's."""
+    isa_id = isa_or_skip(quant, isa)
+    rng = np.random.default_rng(11)
+    weight, _ = packed(rng, "Q4_1", 21, 256)
+    x = torch.from_numpy(rng.standard_normal((rows, 256)).astype(np.float32))
+    x[0, 40] = float("nan")
+    x[rows - 1, 200] = float("inf")
+    out = quant.quant_linear(x, weight.codes, weight.scales, weight.offsets, weight.bits,
+                             weight.sub, None, isa_id)
+    bad = torch.zeros(rows, dtype=torch.bool)
+    bad[[0, rows - 1]] = True
+    assert not torch.isfinite(out[bad]).any()
+    assert torch.isfinite(out[~bad]).all()
+
+
 def test_three_levels_round_to_a_2_15th_of_the_int8_step():
     """One int8 level is off by up to d / 2; three by d / 2^15 (and fp32's own rounding)."""
     x = np.random.default_rng(1).standard_normal((4, 256)).astype(np.float32)
