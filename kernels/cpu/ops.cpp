@@ -38,6 +38,16 @@ inline float sum8(float8 v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
+// The cache lines of one KV block (all its rows are contiguous), asked for ahead of use:
+// blocks sit anywhere in the cache, so the hardware prefetcher loses the stream at each one.
+// Part `part` of `parts` of the block's lines, so the requests spread over the work on the
+// block before it instead of queueing at once.
+inline void prefetch_part(const float* block, int64_t bytes, int64_t part, int64_t parts) {
+  const int64_t lines = bytes / 64, first = lines * part / parts, last = lines * (part + 1) / parts;
+  const char* p = reinterpret_cast<const char*>(block);
+  for (int64_t line = first; line < last; ++line) __builtin_prefetch(p + 64 * line);
+}
+
 // One sequence: all its query heads against its paged context, head_dim D, one KV
 // block at a time (its rows are contiguous: read from memory once, then from L1 by every
 // query head). Scores for the whole context first, then softmax, then the weighted sum of
@@ -50,10 +60,12 @@ void attend_one(float* out, const float* q, const std::vector<int64_t>& row_offs
                 int64_t num_heads, int64_t group, float scale, std::vector<float>& scores) {
   constexpr int C = D / 8;
   const int64_t len = static_cast<int64_t>(row_offsets.size());
+  const int64_t block_bytes = block_size * (num_heads / group) * D * 4;
   scores.resize(num_heads * len);
   for (int64_t start = 0; start < len; start += block_size) {
     const int64_t stop = std::min(len, start + block_size);
     for (int64_t h = 0; h < num_heads; ++h) {
+      if (stop < len) prefetch_part(k_cache + row_offsets[stop], block_bytes, h, num_heads);
       const float* qh = q + h * D;
       const float* k = k_cache + (h / group) * D;
       float* s = scores.data() + h * len;
@@ -94,6 +106,7 @@ void attend_one(float* out, const float* q, const std::vector<int64_t>& row_offs
   for (int64_t start = 0; start < len; start += block_size) {
     const int64_t stop = std::min(len, start + block_size);
     for (int64_t h = 0; h < num_heads; ++h) {
+      if (stop < len) prefetch_part(v_cache + row_offsets[stop], block_bytes, h, num_heads);
       const float* v = v_cache + (h / group) * D;
       const float* s = scores.data() + h * len;
       float8 a[C];
