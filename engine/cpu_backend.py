@@ -43,6 +43,10 @@ class CpuAttention(TorchAttention):
         if qkv.dtype != torch.float32 or self.head_dim not in ATTENTION_HEAD_DIMS:
             return None
         k_cache, v_cache = kv_cache
+        if meta.num_decodes == qkv.shape[0]:  # decode-only: all of it in one C++ call
+            return self.kernels.qkv_decode_attention(
+                qkv, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
+                meta.block_tables, meta.seq_lens, self.num_heads, self.scale)
         q = self.kernels.qkv_rope_store(qkv, positions, cos_sin_cache, k_cache, v_cache,
                                         meta.slot_mapping, self.num_heads)
         return self.attend_stored(q, None, None, kv_cache, meta).view(q.shape[0], -1)

@@ -364,6 +364,21 @@ torch::Tensor qkv_rope_store(torch::Tensor qkv, torch::Tensor positions,
   return q;
 }
 
+// A decode-only step's attention in one call: qkv_rope_store, then paged_decode_attention
+// of the T queries (one per sequence) -> [T, H * D], the o projection's input. One call
+// instead of two and the Python between them, 30 times a step.
+torch::Tensor qkv_decode_attention(torch::Tensor qkv, torch::Tensor positions,
+                                   torch::Tensor cos_sin_cache, torch::Tensor k_cache,
+                                   torch::Tensor v_cache, torch::Tensor slot_mapping,
+                                   torch::Tensor block_tables, torch::Tensor seq_lens,
+                                   int64_t num_heads, double scale) {
+  const torch::Tensor q = qkv_rope_store(qkv, positions, cos_sin_cache, k_cache, v_cache,
+                                         slot_mapping, num_heads);
+  torch::Tensor out = torch::empty_like(q);
+  paged_decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, scale);
+  return out.view({q.size(0), -1});
+}
+
 // x [T, 2I] (gate, up) -> [T, I] = silu(gate) * up.
 torch::Tensor silu_and_mul(torch::Tensor x_in) {
   const torch::Tensor x = x_in.contiguous();
@@ -395,6 +410,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, no_gil);
   m.def("rotary", &rotary, no_gil);
   m.def("qkv_rope_store", &qkv_rope_store, no_gil);
+  m.def("qkv_decode_attention", &qkv_decode_attention, no_gil);
   m.def("silu_and_mul", &silu_and_mul, no_gil);
   m.def("pack_linear_weight", &tokenwire::pack_linear_weight, no_gil);
   m.def("packed_linear", &tokenwire::packed_linear, no_gil);

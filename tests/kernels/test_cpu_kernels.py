@@ -173,6 +173,29 @@ def test_qkv_rope_store_matches_split_rotary_and_store(gen, kernels):
         kernels.qkv_rope_store(qkv, positions, cache, k_cache, v_cache, slots + 20, heads)
 
 
+def test_qkv_decode_attention_is_rope_store_then_paged_attention(gen, kernels):
+    """A decode-only step's one call: the same output and cache contents as qkv_rope_store
+    followed by paged_decode_attention, for sequences of different lengths."""
+    heads, kv_heads, dim, block = 9, 3, 64, 16
+    cos_sin = build_cos_sin_cache(512, dim, 10000.0, None, torch.float32, "cpu")
+    seq_lens = torch.tensor([1, 17, 40], dtype=torch.int32)
+    tables = torch.randperm(12, generator=gen)[:9].int().view(3, 3)
+    positions = seq_lens.long() - 1
+    slots = tables.long().gather(1, (positions // block)[:, None]).squeeze(1) * block + positions % block
+    qkv = randn(gen, 3, (heads + 2 * kv_heads) * dim, dtype=torch.float32, device="cpu")
+    k_cache, v_cache = (randn(gen, 12, block, kv_heads, dim, dtype=torch.float32, device="cpu")
+                        for _ in range(2))
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    q = kernels.qkv_rope_store(qkv, positions, cos_sin, k_ref, v_ref, slots, heads)
+    expected = torch.empty_like(q)
+    kernels.paged_decode_attention(expected, q, k_ref, v_ref, tables, seq_lens, dim ** -0.5)
+    out = kernels.qkv_decode_attention(qkv, positions, cos_sin, k_cache, v_cache, slots, tables,
+                                       seq_lens, heads, dim ** -0.5)
+    assert out.shape == (3, heads * dim)
+    assert torch.equal(out, expected.view(3, -1))
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
 def test_silu_and_mul_matches_torch_ops(gen, kernels):
     x = randn(gen, 6, 2 * 1536, dtype=torch.float32, device="cpu") * 8  # exp's tails too
     assert_close(CpuOps(kernels).silu_and_mul(x), TorchOps.silu_and_mul(x))
