@@ -403,7 +403,7 @@ void pack_rows(const float* x, int64_t m, int64_t k, float* xt) {
 
 void gemm_unpacked(const Weights& w, const float* xt, int64_t m, int64_t k, const float* bias,
                    float* out, int64_t n_begin, int64_t n_end) {
-  constexpr int64_t kUnpackRows = 16;  // with 16 activation rows, L1-sized for k up to ~600
+  constexpr int64_t kUnpackRows = 16;  // 36 KB of scratch at k = 576: L2, beside the x panels
   thread_local std::vector<float> scratch;
   scratch.resize(kUnpackRows * k);
   float sums[kTileWeights][16];
