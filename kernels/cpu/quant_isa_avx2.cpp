@@ -256,7 +256,6 @@ inline __m128i to_int8(__m256 a, __m256 b) {
 // nearest even, the same multiplies); sums are added in another order.
 void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
                   float* d, float* sums) {
-  const float d_unit = float(1 << (kLevelShift * (kLevels - 1)));
   const __m256 per_level = _mm256_set1_ps(float(1 << kLevelShift));
   const __m256 sign = _mm256_set1_ps(-0.f);
   for (int64_t b = 0; b < kp; b += kBlock) {
@@ -280,16 +279,7 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int
         hi = _mm256_mul_ps(_mm256_sub_ps(hi, qhi), per_level);
       }
     }
-    const float scale = (finite ? amax / 127.f : NAN) / d_unit;
-    if (sub == 32) {
-      d[b / 32] = scale;
-      sums[b / 32] = total;
-    } else {
-      for (int h = 0; h < 2; ++h) {
-        d[b / 16 + h] = scale;
-        sums[b / 16 + h] = half_sums[h];
-      }
-    }
+    store_block(b, sub, amax, finite, total, half_sums, d, sums);
   }
 }
 

@@ -269,7 +269,6 @@ void unpack_row(const Weights& w, int64_t j, int64_t k, float* out) {
 void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
                   float* d, float* sums) {
   constexpr float kPerLevel = float(1 << kLevelShift);
-  const float d_unit = float(1 << (kLevelShift * (kLevels - 1)));
   for (int64_t b = 0; b < kp; b += kBlock) {
     // the block's halves: 16 weights each, 16 contiguous bytes of the lo and the hi run
     const int64_t at = lohi_index(b);
@@ -290,16 +289,10 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int
         v = _mm512_mul_ps(_mm512_sub_ps(v, q), _mm512_set1_ps(kPerLevel));
       }
     }
-    const float scale = (finite ? amax / 127.f : NAN) / d_unit;
-    if (sub == 32) {
-      d[b / 32] = scale;
-      sums[b / 32] = total;
-    } else {
-      for (int h = 0; h < 2; ++h) {
-        d[b / 16 + h] = scale;
-        sums[b / 16 + h] = _mm512_reduce_add_ps(half[h]);
-      }
-    }
+    float half_sums[2] = {};  // read at sub 16 only
+    if (sub == 16)
+      for (int h = 0; h < 2; ++h) half_sums[h] = _mm512_reduce_add_ps(half[h]);
+    store_block(b, sub, amax, finite, total, half_sums, d, sums);
   }
 }
 

@@ -28,7 +28,6 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int
       total += x[t];
     }
     const bool finite = std::isfinite(total) && std::isfinite(amax);
-    const float scale = finite ? amax / 127.f : NAN;
     const float inv = finite && amax > 0.f ? 127.f / amax : 0.f;
     for (int64_t t = b; t < b + kBlock; ++t) {
       float v = t < k ? x[t] * inv : 0.f;  // |v| <= 127, then each remainder <= 64
@@ -38,12 +37,11 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int
         v = (v - q) * float(1 << kLevelShift);
       }
     }
-    for (int64_t s = b; s < b + kBlock; s += sub) {
-      float sum = 0.f;
-      for (int64_t t = s; t < std::min(s + sub, k); ++t) sum += x[t];
-      d[s / sub] = scale / float(1 << (kLevelShift * (kLevels - 1)));
-      sums[s / sub] = sum;
-    }
+    float half_sums[2] = {};  // read at sub 16 only (at sub 32 the block's sum is total)
+    if (sub == 16)
+      for (int h = 0; h < 2; ++h)
+        for (int64_t t = b + 16 * h; t < std::min(b + 16 * h + 16, k); ++t) half_sums[h] += x[t];
+    store_block(b, sub, amax, finite, total, half_sums, d, sums);
   }
 }
 

@@ -29,6 +29,7 @@
 // The offsets multiply the exact fp32 sum of x over each sub-block.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -94,6 +95,23 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int
 namespace avx512 {
 void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
                   float* d, float* sums);
+}
+
+// What every quantize_row stores for block b (32 weights): the block's d / 128^2 for each of
+// its sub-blocks, NaN where the block holds NaN or inf (`finite` false: rounding would hide
+// them), and the exact sum of x over each sub-block (sub 32: total; sub 16: half_sums).
+inline void store_block(int64_t b, int sub, float amax, bool finite, float total,
+                        const float* half_sums, float* d, float* sums) {
+  const float scale = (finite ? amax / 127.f : NAN) / float(1 << (kLevelShift * (kLevels - 1)));
+  if (sub == 32) {
+    d[b / 32] = scale;
+    sums[b / 32] = total;
+    return;
+  }
+  for (int h = 0; h < 2; ++h) {
+    d[b / 16 + h] = scale;
+    sums[b / 16 + h] = half_sums[h];
+  }
 }
 
 // Weight row j as k fp32 values (scale * code + offset) into out: the dense path's unpack
