@@ -40,14 +40,20 @@ QUANT_ISA_ENV = "TOKENWIRE_CPU_QUANT_ISA"
 
 @functools.cache
 def load():
-    """The compiled kernels module, or None (logged) if this machine cannot build it."""
+    """The compiled kernels module, or None (logged) if this machine cannot build it.
+    It borrows the quantized module's worker pool and matmul (quant_exports.h), so that
+    module is built with it."""
     try:
         from torch.utils import cpp_extension
-        return cpp_extension.load(name=f"tokenwire_cpu_ops_{_cpu_id()}", sources=SOURCES,
-                                  extra_cflags=FLAGS, extra_ldflags=["-fopenmp"])
+        ops = cpp_extension.load(name=f"tokenwire_cpu_ops_{_cpu_id()}", sources=SOURCES,
+                                 extra_cflags=FLAGS, extra_ldflags=["-fopenmp"])
     except Exception as exc:  # a missing compiler or ninja raises several types
         log.warning("CPU kernels unavailable, using plain torch ops: %s", exc)
         return None
+    quant = load_quant()
+    if quant is not None:
+        ops.use_quant_exports(quant.exports())
+    return ops
 
 
 def _cpu_id() -> str:

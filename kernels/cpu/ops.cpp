@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "common.h"
 #include "linear.h"
 #include "prefill_attention.h"
+#include "quant_exports.h"
 
 using tokenwire::check_fp32_contiguous;
 using tokenwire::float8;
@@ -48,7 +50,30 @@ inline void prefetch_part(const float* block, int64_t bytes, int64_t part, int64
   for (int64_t line = first; line < last; ++line) __builtin_prefetch(p + 64 * line);
 }
 
-// One sequence: all its query heads against its paged context, head_dim D, one KV
+// Query heads [begin, end) of a sequence.
+struct Heads {
+  int64_t begin, end;
+};
+
+// The quant module's exports, once handed over (use_quant_exports): decode attention then
+// runs on its worker pool, whose threads start in a microsecond instead of OpenMP's 30-50
+// us wake-up (which would cost more than splitting a batch-1 sequence's heads saves).
+std::atomic<const tokenwire::QuantExports*> quant_exports{nullptr};
+
+// fn(c) for every c in [0, chunks), on the worker pool or else OpenMP's threads.
+template <class F>
+void parallel_chunks(int64_t chunks, const F& fn) {
+  if (const tokenwire::QuantExports* quant = tokenwire::borrowed_quant_exports()) {
+    auto call = [](void* ctx, int64_t c) { (*static_cast<const F*>(ctx))(c); };
+    quant->run(chunks, at::get_num_threads(), call, const_cast<F*>(&fn));
+    return;
+  }
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) fn(c);
+  });
+}
+
+// Query heads `heads` of one sequence against its paged context, head_dim D, one KV
 // block at a time (its rows are contiguous: read from memory once, then from L1 by every
 // query head). Scores for the whole context first, then softmax, then the weighted sum of
 // V rows. Independent accumulators in registers (4 tokens at a time for the scores, the
@@ -57,18 +82,21 @@ inline void prefetch_part(const float* block, int64_t bytes, int64_t part, int64
 template <int D>
 void attend_one(float* out, const float* q, const std::vector<int64_t>& row_offsets,
                 int64_t block_size, const float* k_cache, const float* v_cache,
-                int64_t num_heads, int64_t group, float scale, std::vector<float>& scores) {
+                int64_t num_heads, Heads heads, int64_t group, float scale,
+                std::vector<float>& scores) {
   constexpr int C = D / 8;
   const int64_t len = static_cast<int64_t>(row_offsets.size());
   const int64_t block_bytes = block_size * (num_heads / group) * D * 4;
-  scores.resize(num_heads * len);
+  const int64_t count = heads.end - heads.begin;
+  scores.resize(count * len);
   for (int64_t start = 0; start < len; start += block_size) {
     const int64_t stop = std::min(len, start + block_size);
-    for (int64_t h = 0; h < num_heads; ++h) {
-      if (stop < len) prefetch_part(k_cache + row_offsets[stop], block_bytes, h, num_heads);
+    for (int64_t h = heads.begin; h < heads.end; ++h) {
+      if (stop < len)
+        prefetch_part(k_cache + row_offsets[stop], block_bytes, h - heads.begin, count);
       const float* qh = q + h * D;
       const float* k = k_cache + (h / group) * D;
-      float* s = scores.data() + h * len;
+      float* s = scores.data() + (h - heads.begin) * len;
       int64_t t = start;
       for (; t + 4 <= stop; t += 4) {
         const float *k0 = k + row_offsets[t], *k1 = k + row_offsets[t + 1],
@@ -92,9 +120,9 @@ void attend_one(float* out, const float* q, const std::vector<int64_t>& row_offs
       }
     }
   }
-  std::vector<float8> acc(num_heads * C, float8{});
-  for (int64_t h = 0; h < num_heads; ++h) {
-    float* s = scores.data() + h * len;
+  std::vector<float8> acc(count * C, float8{});
+  for (int64_t i = 0; i < count; ++i) {
+    float* s = scores.data() + i * len;
     const float m = *std::max_element(s, s + len);
     float total = 0.f;
     for (int64_t i = 0; i < len; ++i) {
@@ -105,24 +133,31 @@ void attend_one(float* out, const float* q, const std::vector<int64_t>& row_offs
   }
   for (int64_t start = 0; start < len; start += block_size) {
     const int64_t stop = std::min(len, start + block_size);
-    for (int64_t h = 0; h < num_heads; ++h) {
-      if (stop < len) prefetch_part(v_cache + row_offsets[stop], block_bytes, h, num_heads);
+    for (int64_t h = heads.begin; h < heads.end; ++h) {
+      if (stop < len)
+        prefetch_part(v_cache + row_offsets[stop], block_bytes, h - heads.begin, count);
       const float* v = v_cache + (h / group) * D;
-      const float* s = scores.data() + h * len;
+      const int64_t at = h - heads.begin;
+      const float* s = scores.data() + at * len;
       float8 a[C];
-      for (int c = 0; c < C; ++c) a[c] = acc[h * C + c];
+      for (int c = 0; c < C; ++c) a[c] = acc[at * C + c];
       for (int64_t i = start; i < stop; ++i) {
         const float* vt = v + row_offsets[i];
         for (int c = 0; c < C; ++c) a[c] += s[i] * load8(vt + 8 * c);
       }
-      for (int c = 0; c < C; ++c) acc[h * C + c] = a[c];
+      for (int c = 0; c < C; ++c) acc[at * C + c] = a[c];
     }
   }
-  for (int64_t h = 0; h < num_heads; ++h)
-    for (int c = 0; c < C; ++c) __builtin_memcpy(out + h * D + 8 * c, &acc[h * C + c], sizeof(float8));
+  for (int64_t h = heads.begin; h < heads.end; ++h)
+    for (int c = 0; c < C; ++c)
+      __builtin_memcpy(out + h * D + 8 * c, &acc[(h - heads.begin) * C + c], sizeof(float8));
 }
 
 }  // namespace
+
+const tokenwire::QuantExports* tokenwire::borrowed_quant_exports() {
+  return quant_exports.load(std::memory_order_acquire);
+}
 
 // out, q [B, H, D]; k/v_cache [num_blocks, block_size, Hkv, D]; block_tables [>=B, W]
 // int32; seq_lens [>=B] int32 (context length including this step's token; 0: zeros).
@@ -164,28 +199,34 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   const float* vp = v_cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
-  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    std::vector<int64_t> row_offsets;
-    for (int64_t b = begin; b < end; ++b) {
-      float* o = op + b * num_heads * head_dim;
-      if (lens[b] == 0) {
-        std::fill(o, o + num_heads * head_dim, 0.f);
-        continue;
-      }
-      // Where each context token's K/V row starts: the block table read once per sequence.
-      const int32_t* table = tables + b * table_stride;
-      row_offsets.resize(lens[b]);
-      for (int64_t t = 0; t < lens[b]; ++t)
-        row_offsets[t] = (static_cast<int64_t>(table[t / block_size]) * block_size
-                          + t % block_size) * row;
-      const float* qb = qp + b * num_heads * head_dim;
-      const float s = static_cast<float>(scale);
-      if (head_dim == 64)
-        attend_one<64>(o, qb, row_offsets, block_size, kp, vp, num_heads, group, s, scores);
-      else
-        attend_one<128>(o, qb, row_offsets, block_size, kp, vp, num_heads, group, s, scores);
+  // Fewer sequences than threads, on the worker pool: each one's heads are split into
+  // parts, so a lone sequence's attention runs on every core (the K/V lines of a group's
+  // heads split between two parts are read by both). Under OpenMP the wake-up would cost
+  // more than the split saves.
+  const int64_t threads = tokenwire::borrowed_quant_exports() ? at::get_num_threads() : 1;
+  const int64_t parts = std::min(num_heads, std::max<int64_t>(1, threads / batch));
+  parallel_chunks(batch * parts, [&](int64_t chunk) {
+    thread_local std::vector<float> scores;
+    thread_local std::vector<int64_t> row_offsets;
+    const int64_t b = chunk / parts, part = chunk % parts;
+    const Heads heads{num_heads * part / parts, num_heads * (part + 1) / parts};
+    float* o = op + b * num_heads * head_dim;
+    if (lens[b] == 0) {
+      std::fill(o + heads.begin * head_dim, o + heads.end * head_dim, 0.f);
+      return;
     }
+    // Where each context token's K/V row starts: the block table read once per chunk.
+    const int32_t* table = tables + b * table_stride;
+    row_offsets.resize(lens[b]);
+    for (int64_t t = 0; t < lens[b]; ++t)
+      row_offsets[t] = (static_cast<int64_t>(table[t / block_size]) * block_size
+                        + t % block_size) * row;
+    const float* qb = qp + b * num_heads * head_dim;
+    const float s = static_cast<float>(scale);
+    if (head_dim == 64)
+      attend_one<64>(o, qb, row_offsets, block_size, kp, vp, num_heads, heads, group, s, scores);
+    else
+      attend_one<128>(o, qb, row_offsets, block_size, kp, vp, num_heads, heads, group, s, scores);
   });
 }
 
@@ -413,5 +454,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qkv_decode_attention", &qkv_decode_attention, no_gil);
   m.def("silu_and_mul", &silu_and_mul, no_gil);
   m.def("pack_linear_weight", &tokenwire::pack_linear_weight, no_gil);
+  // The quant module's exports(), or None: decode attention on OpenMP again.
+  m.def("use_quant_exports", [](std::optional<py::capsule> capsule) {
+    const tokenwire::QuantExports* table = nullptr;
+    if (capsule) {
+      TORCH_CHECK(std::string(capsule->name()) == tokenwire::kQuantExportsCapsule,
+                  "not the quant module's exports");
+      table = capsule->get_pointer<tokenwire::QuantExports>();
+    }
+    quant_exports.store(table, std::memory_order_release);
+  });
   m.def("packed_linear", &tokenwire::packed_linear, no_gil);
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "quant_exports.h"
 #include "quant_kernels.h"
 #include "worker_pool.h"
 
@@ -229,6 +230,12 @@ at::Tensor quant_embedding(const at::Tensor& ids, const at::Tensor& codes, const
   return out;
 }
 
+void run_on_pool(int64_t chunks, int threads, void (*fn)(void*, int64_t), void* ctx) {
+  WorkerPool::instance().run(chunks, threads, [&](int64_t c) { fn(ctx, c); });
+}
+
+const QuantExports kExports{run_on_pool, quant_linear};
+
 }  // namespace
 }  // namespace tokenwire::quant
 
@@ -241,4 +248,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &best_isa);
   m.def("dense_rows", [] { return kDenseRows; });
   m.def("exact_rows", &exact_rows);
+  m.def("exports", [] {  // for the ops module: quant_exports.h
+    return py::capsule(const_cast<tokenwire::QuantExports*>(&kExports),
+                       tokenwire::kQuantExportsCapsule);
+  });
 }

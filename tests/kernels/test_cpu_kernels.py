@@ -1,6 +1,8 @@
 """The C++ CPU kernels (kernels/cpu, through engine.cpu_backend) against the plain-torch
 references, on NaN-poisoned paged caches with gaps, ragged and empty contexts."""
 
+import datetime
+
 import pytest
 import torch
 
@@ -36,6 +38,40 @@ def test_decode_attention_matches_reference(gen, kernels, num_heads, num_kv_head
     out = attention._decode(q, k_cache, v_cache, decode_meta(tables, lens))
     assert_close(out, paged_decode_attention_ref(q, k_cache, v_cache, tables, lens,
                                                  attention.scale))
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("seq_lens", [[200], [0], [37, 1]])
+def test_decode_attention_splits_the_heads_of_fewer_sequences_than_threads(gen, kernels,
+                                                                           threads, seq_lens):
+    """Fewer sequences than threads: each one's query heads are split into parts (here 1 to
+    9 heads, the parts' edges inside a KV group) run by the quantized module's worker pool,
+    which load() hands over (quant_exports.h); the same results as the reference."""
+    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, 16, 3, 64, torch.float32, "cpu")
+    q = randn(gen, len(seq_lens), 9, 64, dtype=torch.float32, device="cpu")
+    out = torch.full_like(q, float("nan"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    assert_close(out, paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125))
+
+
+def test_decode_attention_without_the_worker_pool_runs_on_openmp(gen, kernels):
+    quant = cpu_kernels.load_quant()
+    k_cache, v_cache, tables, lens = paged_kv(gen, [45, 3, 0], 16, 3, 64, torch.float32, "cpu")
+    q = randn(gen, 3, 9, 64, dtype=torch.float32, device="cpu")
+    out = torch.full_like(q, float("nan"))
+    kernels.use_quant_exports(None)
+    try:
+        kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens, 0.125)
+    finally:
+        kernels.use_quant_exports(quant.exports())
+    assert_close(out, paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125))
+    with pytest.raises(RuntimeError, match="not the quant module's exports"):
+        kernels.use_quant_exports(datetime.datetime_CAPI)  # another module's capsule
 
 
 def test_decode_attention_zero_length_rows_give_zeros(gen, kernels):
