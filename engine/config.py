@@ -55,6 +55,9 @@ class EngineConfig:
     # already quantized (its GGUF's Q4_1) and keeps that.
     quantization: str | None = None
     cpu_weight_prepack: bool = True  # CPU fp32: weights packed at load (C++ matmul, else oneDNN)
+    # CPU, quantized projections: decode-only steps run every layer in one C++ call
+    # (engine.cpu_decode); off, LlamaModel.forward chains the same kernels from Python.
+    cpu_fused_decode: bool = True
     seed: int = 0
     # A failed step ends only its own requests; this many failed steps in a row mean the
     # device or the engine is broken for good: the engine stops (and `serve` exits).

@@ -17,6 +17,7 @@ import kernels.cpu as cpu_kernels
 from engine.attention import AttentionMetadata, TorchAttention
 from engine.config import EngineConfig, cpu_kv_cache_bytes
 from engine.cpu_backend import CpuAttention, CpuOps
+from engine.cpu_decode import CpuDecodeStack
 from engine.cuda_graphs import DecodeGraphs
 from engine.linear import Linear
 from engine.loader import LoadedModel
@@ -50,6 +51,8 @@ class ModelRunner:
         self.kv_caches = [(_zeros(shape, self.dtype, self.device),
                            _zeros(shape, self.dtype, self.device)) for _ in range(c.num_layers)]
         self.graphs = self._decode_graphs(max_model_len)
+        self.decode_stack = CpuDecodeStack.build(self.model) if config.cpu_fused_decode \
+            else None
 
     def _backends(self, c):
         if self.config.use_triton():
@@ -152,7 +155,10 @@ class ModelRunner:
             seq_lens=dev["seq_lens"], query_start_loc=dev["query_start_loc"],
             num_decodes=step.query_lens.count(1), max_seq_len=max(step.seq_lens),
             query_lens_host=step.query_lens, seq_lens_host=step.seq_lens)
-        return self.model.forward(dev["input_ids"], dev["positions"], meta, self.kv_caches)
+        forward = self.model.forward
+        if self.decode_stack is not None and meta.num_decodes == len(step.query_lens):
+            forward = self.decode_stack.forward
+        return forward(dev["input_ids"], dev["positions"], meta, self.kv_caches)
 
     def _pinned(self, host: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.pin_memory() for k, v in host.items()}

@@ -17,7 +17,7 @@ import platform
 log = logging.getLogger(__name__)
 
 SOURCES = [os.path.join(os.path.dirname(__file__), name)
-           for name in ("ops.cpp", "linear.cpp", "prefill_attention.cpp")]
+           for name in ("ops.cpp", "linear.cpp", "prefill_attention.cpp", "decode_stack.cpp")]
 # paged_decode/prefill_attention are built for these head sizes (templates).
 ATTENTION_HEAD_DIMS = (64, 128)
 # -march=native: built for the CPU that runs it. -ffast-math lets GCC vectorize exp()

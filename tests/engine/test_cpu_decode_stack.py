@@ -1,0 +1,72 @@
+"""Decode-only steps in one C++ call (engine.cpu_decode, kernels/cpu/decode_stack.cpp): the
+same tokens and the same logprobs, bit for bit, as LlamaModel.forward chaining the same
+kernels from Python; models it does not cover keep that forward."""
+import contextlib
+
+import pytest
+import torch
+
+import kernels.cpu as cpu_kernels
+from engine import LLM
+from engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(cpu_kernels.load_quant() is None,
+                                reason="the quantized C++ kernels did not build here")
+
+PARAMS = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3)
+
+
+@contextlib.contextmanager
+def python_forward(llm):
+    """Decode steps through LlamaModel.forward instead of the stack, for the comparison."""
+    runner = llm.core.runner
+    stack, runner.decode_stack = runner.decode_stack, None
+    try:
+        yield
+    finally:
+        runner.decode_stack = stack
+
+
+def assert_same_generations(llm, prompts):
+    fused = llm.generate(prompts, PARAMS)
+    with python_forward(llm):
+        reference = llm.generate(prompts, PARAMS)
+    for a, b in zip(fused, reference):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == b.logprobs  # every float equal: the same kernels, the same order
+
+
+def test_default_model_decodes_through_the_stack(llm):
+    stack = llm.core.runner.decode_stack
+    assert stack is not None and stack.stack.num_layers == llm.core.model_config.num_layers
+
+
+def test_stack_gives_the_python_forwards_tokens_and_logprobs(llm):
+    """Ragged prompts submitted together: one mixed prefill step (Python), then decode-only
+    steps of 3 sequences at different lengths (the stack)."""
+    assert_same_generations(llm, ["The capital of France is", "Write a haiku about the sea.",
+                                  list(range(1000, 1070))])
+
+
+def test_stack_covers_int4_weights_and_qkv_bias():
+    """Another packing (int4 groups of 32 quantized at load) and Qwen2's q/k/v bias."""
+    llm = LLM(model="dummy:qwen2.5-0.5b", device="cpu", quantization="int4", max_model_len=256,
+              max_num_batched_tokens=256)
+    assert llm.core.runner.decode_stack is not None
+    assert_same_generations(llm, [[1, 2, 3, 4, 5], [7] * 40])
+
+
+def test_models_it_does_not_cover_keep_the_python_forward():
+    tiny = LLM(model="dummy:tiny", device="cpu", quantization="int8")  # head_dim 16: no C++
+    assert tiny.core.runner.decode_stack is None
+    off = LLM(model="dummy:tiny", device="cpu", cpu_fused_decode=False)
+    assert off.core.runner.decode_stack is None
+
+
+def test_stack_refuses_caches_that_do_not_match_its_layers(llm):
+    stack = llm.core.runner.decode_stack
+    hidden = torch.zeros(1, llm.core.model_config.hidden_size)
+    one = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="KV caches for 30 layers"):
+        stack.stack.forward(hidden, one.long(), stack.model.cos_sin_cache, one.long(),
+                            one.view(1, 1), one, [])
