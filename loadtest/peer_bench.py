@@ -1,14 +1,21 @@
 """`tokenwire bench --peer llama.cpp`: `tokenwire serve` and llama.cpp's `llama-server` on
 the same GGUF (the default model's), driven by the same client (`tokenwire loadtest` over
-OpenAI HTTP completions, token-id prompts, ignore_eos) at each concurrency, one server at
-a time on the same cores; prints TPOT, output tok/s, failures and each server's RSS after
-its runs, side by side with ratios."""
+OpenAI HTTP completions, token-id prompts, ignore_eos) at each concurrency; prints TPOT,
+output tok/s, failures and each server's RSS after the runs, side by side with ratios.
+
+Both servers stay up (the idle one sleeps) and take turns, round by round, the first of a
+round alternating (A B, B A, A B): on a shared VM the cores' speed drifts by a third within
+minutes, which decided the c=1 row when each server ran its levels in one block. Each
+figure is the median of its rounds; the rounds' own figures are printed beside it."""
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
+
+import psutil
 
 from loadtest.config import LoadTestConfig
 from loadtest.llama_server import LlamaServer, find_llama_server
@@ -26,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="llama-server binary (default: $LLAMA_SERVER, PATH, or the one "
                         "scripts/build_llama_server.sh cached)")
     p.add_argument("--peer-concurrency", default="1,8,32", help="comma list")
+    p.add_argument("--peer-rounds", type=int, default=3,
+                   help="turns each server takes at each concurrency (median reported)")
 
 
 def run_peer(args: argparse.Namespace) -> int:
@@ -44,14 +53,26 @@ def run_peer(args: argparse.Namespace) -> int:
     levels = [int(c) for c in args.peer_concurrency.split(",")]
     slot_tokens = args.input_len + args.output_len + 64
     serve = ["--model", "default", "--device", "cpu", "--num-threads", str(threads)]
-    with ServerProcess(serve) as server:
-        ours = drive(f"{server.base}/v1", server.proc.pid, levels, args)
-    with LlamaServer(binary, str(default_gguf_path()), max(levels), slot_tokens,
-                     threads) as peer:
-        theirs = drive(f"{peer.base}/v1", peer.proc.pid, levels, args)
-    report = {"peer": args.peer, "llama_server": binary, "threads": threads,
-              "input_len": args.input_len, "output_len": args.output_len,
-              "tokenwire": ours, args.peer: theirs}
+    with ServerProcess(serve) as server, LlamaServer(binary, str(default_gguf_path()),
+                                                     max(levels), slot_tokens, threads) as peer:
+        sides = {"tokenwire": f"{server.base}/v1", args.peer: f"{peer.base}/v1"}
+        rounds = {name: {} for name in sides}
+        for c in levels:
+            for r in range(args.peer_rounds):
+                for name in (sides if r % 2 == 0 else reversed(list(sides))):
+                    rounds[name].setdefault(c, []).append(drive(sides[name], c, r, args))
+                    print(f"  {name} c={c} round {r + 1}: {rounds[name][c][-1]}",
+                          file=sys.stderr)
+        # Read after a few idle seconds: the servers' memory once the bursts are over
+        # (tokenwire hands freed step buffers back after 1 s idle; llama-server keeps
+        # what it has).
+        time.sleep(RSS_SETTLE_S)
+        report = {"peer": args.peer, "llama_server": binary, "threads": threads,
+                  "input_len": args.input_len, "output_len": args.output_len,
+                  "rounds": args.peer_rounds}
+        for name, pid in (("tokenwire", server.proc.pid), (args.peer, peer.proc.pid)):
+            report[name] = {"rows": {c: median_row(runs) for c, runs in rounds[name].items()},
+                            "rss_mib": psutil.Process(pid).memory_info().rss / 2**20}
     print(format_report(report))
     if args.result_json:
         with open(args.result_json, "w") as f:
@@ -59,10 +80,9 @@ def run_peer(args: argparse.Namespace) -> int:
     return 0
 
 
-def drive(url: str, pid: int, levels: list[int], args) -> dict:
-    """Each concurrency in turn (max(8, 2c) fresh prompts after a warm-up of c), then the
-    server's RSS."""
-    import psutil
+def drive(url: str, c: int, round_: int, args) -> dict:
+    """One turn at concurrency c: a warm-up of c short requests, then max(8, 2c) prompts
+    fresh to both servers (seeded by c and the round: no prefix-cache hits)."""
     from loadtest.compare import run_loop, token_prompts
     from loadtest.cli import make_backend
     from loadtest.metrics import summarize
@@ -70,38 +90,46 @@ def drive(url: str, pid: int, levels: list[int], args) -> dict:
     from loadtest.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer("default")
-    rows = {}
-    for c in levels:
-        n = max(8, 2 * c)
-        cfg = LoadTestConfig(url=url, num_prompts=n, max_concurrency=c, ignore_eos=True,
-                             seed=args.seed)
-        for prompts, keep in ((token_prompts(tokenizer, c, args.input_len, 4,
-                                             args.seed + 999_000 + c), False),
-                              (token_prompts(tokenizer, n, args.input_len, args.output_len,
-                                             args.seed + c), True)):
-            outcome = run_loop(Runner(cfg, make_backend(cfg), show_progress=False)
-                               .run(prompts=prompts))
-            if keep:
-                s = summarize(outcome.records, outcome.duration, outcome.t0)
-                rows[c] = {"requests": n, "failed": s["failed"],
-                           "mean_tpot_ms": s["mean_tpot_ms"],
-                           "output_tok_per_s": s["output_throughput"]}
-                print(f"  c={c}: {rows[c]}", file=sys.stderr)
-    # Read after a few idle seconds: the server's memory once the burst is over (tokenwire
-    # hands freed step buffers back after 1 s idle; llama-server keeps what it has).
-    time.sleep(RSS_SETTLE_S)
-    return {"rows": rows, "rss_mib": psutil.Process(pid).memory_info().rss / 2**20}
+    n = max(8, 2 * c)
+    cfg = LoadTestConfig(url=url, num_prompts=n, max_concurrency=c, ignore_eos=True,
+                         seed=args.seed)
+    row = None
+    seed = args.seed + 1000 * round_ + c
+    for prompts, keep in ((token_prompts(tokenizer, c, args.input_len, 4, seed + 999_000),
+                           False),
+                          (token_prompts(tokenizer, n, args.input_len, args.output_len, seed),
+                           True)):
+        outcome = run_loop(Runner(cfg, make_backend(cfg), show_progress=False)
+                           .run(prompts=prompts))
+        if keep:
+            s = summarize(outcome.records, outcome.duration, outcome.t0)
+            row = {"requests": n, "failed": s["failed"], "mean_tpot_ms": s["mean_tpot_ms"],
+                   "output_tok_per_s": s["output_throughput"]}
+    return row
+
+
+def median_row(runs: list[dict]) -> dict:
+    """One concurrency's turns: the median TPOT and throughput, every failure, and the
+    turns themselves."""
+    return {"requests": sum(r["requests"] for r in runs),
+            "failed": sum(r["failed"] for r in runs),
+            "mean_tpot_ms": statistics.median(r["mean_tpot_ms"] for r in runs),
+            "output_tok_per_s": statistics.median(r["output_tok_per_s"] for r in runs),
+            "rounds": runs}
 
 
 def format_report(r: dict) -> str:
     peer, ours, theirs = r["peer"], r["tokenwire"], r[r["peer"]]
     lines = [f"tokenwire vs {peer} ({r['llama_server']}), {r['threads']} threads, "
-             f"{r['input_len']} in / {r['output_len']} out, ignore_eos, OpenAI HTTP",
+             f"{r['input_len']} in / {r['output_len']} out, ignore_eos, OpenAI HTTP; "
+             f"medians of {r['rounds']} alternating rounds",
              f"| | {peer} | tokenwire | ratio |", "| --- | --- | --- | --- |"]
     for c, t in ours["rows"].items():
         p = theirs["rows"][c]
         lines.append(f"| c={c}: TPOT | {p['mean_tpot_ms']:.1f} ms | {t['mean_tpot_ms']:.1f} ms "
                      f"| {p['mean_tpot_ms'] / t['mean_tpot_ms']:.2f}x faster |")
+        lines.append(f"| c={c}: TPOT by round | {_rounds(p, 'mean_tpot_ms', '.1f')} | "
+                     f"{_rounds(t, 'mean_tpot_ms', '.1f')} | |")
         lines.append(f"| c={c}: output tok/s | {p['output_tok_per_s']:.0f} | "
                      f"{t['output_tok_per_s']:.0f} | "
                      f"{t['output_tok_per_s'] / p['output_tok_per_s']:.2f}x |")
@@ -110,3 +138,7 @@ def format_report(r: dict) -> str:
     lines.append(f"| server RSS after the runs | {theirs['rss_mib']:.0f} MiB | "
                  f"{ours['rss_mib']:.0f} MiB | {ours['rss_mib'] / theirs['rss_mib']:.2f}x |")
     return "\n".join(lines)
+
+
+def _rounds(row: dict, key: str, fmt: str) -> str:
+    return " / ".join(format(turn[key], fmt) for turn in row.get("rounds", []))

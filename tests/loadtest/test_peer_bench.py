@@ -4,23 +4,28 @@
 import os
 
 from loadtest.llama_server import find_llama_server, peer_env
-from loadtest.peer_bench import format_report
+from loadtest.peer_bench import format_report, median_row
 
 
-def side(tpot, rate, failed, rss):
-    return {"rows": {1: {"requests": 8, "failed": failed, "mean_tpot_ms": tpot,
-                         "output_tok_per_s": rate}}, "rss_mib": rss}
+def side(tpots, rates, failed, rss):
+    """One server's report: a turn per (TPOT, output tok/s), summarised as run_peer does."""
+    turns = [{"requests": 8, "failed": 0, "mean_tpot_ms": tpot, "output_tok_per_s": rate}
+             for tpot, rate in zip(tpots, rates)]
+    turns[0]["failed"] = failed
+    return {"rows": {1: median_row(turns)}, "rss_mib": rss}
 
 
-def test_table_puts_each_figure_beside_the_peers_with_ratios():
+def test_table_puts_each_median_beside_the_peers_with_ratios_and_the_rounds():
     report = {"peer": "llama.cpp", "llama_server": "/x/llama-server", "threads": 2,
-              "input_len": 128, "output_len": 64,
-              "tokenwire": side(8.0, 120.0, 0, 900.0),
-              "llama.cpp": side(10.0, 100.0, 2, 450.0)}
+              "input_len": 128, "output_len": 64, "rounds": 3,
+              "tokenwire": side([9.0, 8.0, 7.5], [110.0, 120.0, 130.0], 0, 900.0),
+              "llama.cpp": side([12.0, 10.0, 9.0], [100.0, 95.0, 105.0], 2, 450.0)}
     text = format_report(report)
+    assert "medians of 3 alternating rounds" in text
     assert "| c=1: TPOT | 10.0 ms | 8.0 ms | 1.25x faster |" in text
+    assert "| c=1: TPOT by round | 12.0 / 10.0 / 9.0 | 9.0 / 8.0 / 7.5 | |" in text
     assert "| c=1: output tok/s | 100 | 120 | 1.20x |" in text
-    assert "| c=1: failed | 2 of 8 | 0 of 8 | |" in text
+    assert "| c=1: failed | 2 of 24 | 0 of 24 | |" in text
     assert "| server RSS after the runs | 450 MiB | 900 MiB | 2.00x |" in text
 
 
