@@ -34,27 +34,18 @@ def build_body(endpoint: str, model: str, prompt: str | list, params: dict) -> d
 
 async def stream(http: aiohttp.ClientSession, url: str, body: dict,
                  record: RequestRecord) -> None:
-    """POST `body` to `url` and fill `record` from the SSE stream. A connection that breaks
-    before the response starts is tried once more on a new one (`record.retries`): a
-    pooled keep-alive connection the server had just closed as idle (llama-server closes
-    them after a few seconds) is not a refusal of the request."""
-    for attempt in range(2):
-        record.start = time.perf_counter()
-        responded = False
-        try:
-            async with http.post(url, json=body) as resp:
-                responded = True
-                if resp.status != 200:
-                    text = await resp.text()
-                    record.fail(STATUS_CODES.get(resp.status, f"http_{resp.status}"), text)
-                    return
-                finish_reason = await _read_events(resp, record)
-            break
-        except aiohttp.ClientError as exc:
-            if responded or attempt == 1 or not isinstance(exc, aiohttp.ClientConnectionError):
-                record.fail("disconnected", repr(exc))
+    """POST `body` to `url` and fill `record` from the SSE stream."""
+    record.start = time.perf_counter()
+    try:
+        async with http.post(url, json=body) as resp:
+            if resp.status != 200:
+                text = await resp.text()
+                record.fail(STATUS_CODES.get(resp.status, f"http_{resp.status}"), text)
                 return
-            record.retry()
+            finish_reason = await _read_events(resp, record)
+    except aiohttp.ClientError as exc:
+        record.fail("disconnected", repr(exc))
+        return
     if record.error_code is None:
         record.finish(time.perf_counter(), finish_reason or "stop")
 
