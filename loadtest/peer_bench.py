@@ -63,16 +63,13 @@ def run_peer(args: argparse.Namespace) -> int:
                     rounds[name].setdefault(c, []).append(drive(sides[name], c, r, args))
                     print(f"  {name} c={c} round {r + 1}: {rounds[name][c][-1]}",
                           file=sys.stderr)
-        # Read after a few idle seconds: the servers' memory once the bursts are over
-        # (tokenwire hands freed step buffers back after 1 s idle; llama-server keeps
-        # what it has).
-        time.sleep(RSS_SETTLE_S)
+        time.sleep(RSS_SETTLE_S)  # see settled_rss_mib
         report = {"peer": args.peer, "llama_server": binary, "threads": threads,
                   "input_len": args.input_len, "output_len": args.output_len,
                   "rounds": args.peer_rounds}
         for name, pid in (("tokenwire", server.proc.pid), (args.peer, peer.proc.pid)):
             report[name] = {"rows": {c: median_row(runs) for c, runs in rounds[name].items()},
-                            "rss_mib": psutil.Process(pid).memory_info().rss / 2**20}
+                            "rss_mib": rss_mib(pid)}
     print(format_report(report))
     if args.result_json:
         with open(args.result_json, "w") as f:
@@ -106,6 +103,18 @@ def drive(url: str, c: int, round_: int, args) -> dict:
             row = {"requests": n, "failed": s["failed"], "mean_tpot_ms": s["mean_tpot_ms"],
                    "output_tok_per_s": s["output_throughput"]}
     return row
+
+
+def settled_rss_mib(pid: int) -> float:
+    """A server's RSS a few idle seconds after its runs: its memory once the bursts are
+    over (tokenwire hands freed step buffers back after 1 s idle; llama-server keeps what
+    it has)."""
+    time.sleep(RSS_SETTLE_S)
+    return rss_mib(pid)
+
+
+def rss_mib(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
 
 
 def median_row(runs: list[dict]) -> dict:

@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-from loadtest.peer_bench import drive
+from loadtest.peer_bench import drive, settled_rss_mib
 from loadtest.server_process import ServerProcess
 
 
@@ -32,8 +32,9 @@ def serve_and_drive(extra: list[str], args) -> dict:
     started = time.monotonic()
     with ServerProcess(serve) as server:
         ready_s = time.monotonic() - started
-        result = drive(f"{server.base}/v1", server.proc.pid, [1], args)
-    return {**result, "ready_s": ready_s}
+        row = drive(f"{server.base}/v1", 1, 0, args)
+        return {"rows": {1: row}, "rss_mib": settled_rss_mib(server.proc.pid),
+                "ready_s": ready_s}
 
 
 def compare(args) -> dict:
