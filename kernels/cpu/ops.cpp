@@ -122,8 +122,8 @@ void attend_one(float* out, const float* q, const std::vector<int64_t>& row_offs
     }
   }
   std::vector<float8> acc(count * C, float8{});
-  for (int64_t i = 0; i < count; ++i) {
-    float* s = scores.data() + i * len;
+  for (int64_t head = 0; head < count; ++head) {
+    float* s = scores.data() + head * len;
     const float m = *std::max_element(s, s + len);
     float total = 0.f;
     for (int64_t i = 0; i < len; ++i) {
