@@ -71,6 +71,15 @@ class Faults:
             return detokenize(request, token, reason)
 
         runner.execute, runner.model.forward = spy_execute, faulty_forward
+        if runner.decode_stack is not None:  # decode-only steps' forward (engine.cpu_decode)
+            stack_forward = runner.decode_stack.forward
+
+            def faulty_stack_forward(*args, **kwargs):
+                if self.where == "forward" and self.armed:
+                    raise RuntimeError(SECRET)
+                return stack_forward(*args, **kwargs)
+
+            runner.decode_stack.forward = faulty_stack_forward
         runner.sampler.sample = faulty_sample
         if detokenize is not None:
             core._detokenize = faulty_detokenize  # noqa: SLF001
