@@ -10,6 +10,7 @@ figure is the median of its rounds; the rounds' own figures are printed beside i
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -84,9 +85,7 @@ def drive(url: str, c: int, round_: int, args) -> dict:
     from loadtest.cli import make_backend
     from loadtest.metrics import summarize
     from loadtest.runner import Runner
-    from loadtest.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer("default")
+    tokenizer = _default_tokenizer()
     n = max(8, 2 * c)
     cfg = LoadTestConfig(url=url, num_prompts=n, max_concurrency=c, ignore_eos=True,
                          seed=args.seed)
@@ -103,6 +102,13 @@ def drive(url: str, c: int, round_: int, args) -> dict:
             row = {"requests": n, "failed": s["failed"], "mean_tpot_ms": s["mean_tpot_ms"],
                    "output_tok_per_s": s["output_throughput"]}
     return row
+
+
+@functools.cache
+def _default_tokenizer():
+    """Loaded once for all the turns (a bench takes 18 of them)."""
+    from loadtest.tokenizer import load_tokenizer
+    return load_tokenizer("default")
 
 
 def settled_rss_mib(pid: int) -> float:

@@ -45,10 +45,9 @@ class DecodeStack {
   // hidden [T, hidden]: the step's embedded tokens, one per sequence -> the final norm's
   // output [T, hidden].
   at::Tensor forward(at::Tensor hidden, const at::Tensor& positions,
-                                  const at::Tensor& cos_sin_cache,
-                                  const at::Tensor& slot_mapping,
-                                  const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                                  const std::vector<std::pair<at::Tensor, at::Tensor>>& kv) {
+                     const at::Tensor& cos_sin_cache, const at::Tensor& slot_mapping,
+                     const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                     const std::vector<std::pair<at::Tensor, at::Tensor>>& kv) {
     const QuantExports* quant = borrowed_quant_exports();
     TORCH_CHECK(quant != nullptr, "the quantized module's exports were not handed over");
     TORCH_CHECK(kv.size() == layers_.size(), kv.size(), " KV caches for ", layers_.size(),
