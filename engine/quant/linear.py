@@ -1,7 +1,7 @@
 """Projections and embedding lookups on QuantWeights: the C++ kernels (kernels/cpu/quant_*)
-read the packed codes (activations rounded to three int8 levels per 32-block, integer
-dots, fp32 scales and sums); without those kernels the weight is dequantized once and the
-model runs in fp32."""
+read the packed codes (activations rounded to int8 levels per 32-block, three or AVX2's
+two, integer dots, fp32 scales and sums); without those kernels the weight is dequantized
+once and the model runs in fp32."""
 from __future__ import annotations
 
 import torch

@@ -1,17 +1,17 @@
 // Quantized matmul with AVX2 + FMA + F16C, compiled for that set alone and called only where
 // the CPU has it (quant_linear.cpp): CPUs without AVX-512 (AMD Zen 2/3, most laptops).
 //
-// AVX2 has no VNNI; vpmaddubsw multiplies 32 unsigned bytes by 32 signed ones into 16 int16
-// lanes of two products each, saturating. Where it is exact, it is used:
-//   4-bit codes (0-15) x a level (|p| <= 127): a lane is at most 2 * 15 * 127 = 3810, and
-//     the lo and hi runs' lanes of the same blocks add in int16 (7620) before widening;
-//     vpmaddwd then widens to int32 and weighs the levels in the same instruction (128^2,
-//     128, 1: all three in one int32, as in the AVX-512 path).
-//   8-bit codes (0-255) x level 3 (|p3| <= 64, a remainder): at most 2 * 255 * 64 = 32640.
-// 8-bit codes against the first level would overflow (2 * 255 * 127), so they are widened
-// to int16 and vpmaddwd multiplies them by x12 = 128 * p1 + p2 (quant_kernels.h): both
-// levels in one multiply, at most 32 * 255 * 16320 per block in int32. Level 3 stays apart
-// (`third`), since 128 * x12 + p3 no longer fits int16.
+// AVX2 has no VNNI, so every activation level costs a pass of multiplies: these dots read
+// the first kAvx2Levels (2) of the three (quant_kernels.h), activations to within
+// d / 256 = max|x| / 32512 of each block's largest (llama.cpp's Q8_1: d / 2).
+//   4-bit codes (0-15) x a level (|p| <= 127): vpmaddubsw (32 unsigned bytes by 32 signed
+//     ones into 16 int16 lanes of two products, saturating) is exact, a lane at most
+//     2 * 15 * 127 = 3810; the lo and hi runs' lanes of the same blocks add in int16 (7620)
+//     before vpmaddwd widens them to int32 and weighs the levels (128^2, 128) in the same
+//     instruction.
+//   8-bit codes (0-255) would overflow vpmaddubsw against the first level (2 * 255 * 127),
+//     so they are widened to int16 and vpmaddwd multiplies them by x12 = 128 * p1 + p2:
+//     both levels in one multiply, at most 32 * 255 * 16320 per block in int32.
 //
 // A step covers 8 sub-blocks (two groups at sub 32, one at sub 16). Its int32 lanes hold
 // products of one block half or block each; vphaddd rounds (and for int16 dots a swap of
@@ -37,20 +37,22 @@ inline __m256i load32(const void* p) {
 
 // A group's codes as 4 vectors of 32 bytes, vector i against activation bytes 32 i..32 i + 31
 // of the group (lo run: i = 0, 1; hi run: i = 2, 3; i even: blocks 0-1, odd: blocks 2-3).
-template <int Bits>
+// A HalfGroup (Weights::half_tail's last group) reads only the even ones: the odd ones are
+// padding, and no caller reads them.
+template <int Bits, bool HalfGroup = false>
 struct Codes {
   __m256i v[4];
 
   explicit Codes(const uint8_t* group) {
     if constexpr (Bits == 4) {
       const __m256i nib = _mm256_set1_epi8(15);
-      for (int h = 0; h < 2; ++h) {  // byte t: lo[32 h + t] | hi[32 h + t] << 4
+      for (int h = 0; h < (HalfGroup ? 1 : 2); ++h) {  // byte t: lo[32 h + t] | hi[32 h + t] << 4
         const __m256i c = load32(group + 32 * h);
         v[h] = _mm256_and_si256(c, nib);
         v[2 + h] = _mm256_and_si256(_mm256_srli_epi16(c, 4), nib);
       }
     } else {
-      for (int i = 0; i < 4; ++i) v[i] = load32(group + 32 * i);
+      for (int i = 0; i < 4; i += HalfGroup ? 2 : 1) v[i] = load32(group + 32 * i);
     }
   }
 
@@ -62,20 +64,12 @@ inline __m256i weigh(__m256i lanes16, int k) {
   return _mm256_madd_epi16(lanes16, _mm256_set1_epi16(static_cast<short>(k)));
 }
 
-// Integer dots of one group: `main` folds the levels it can (4-bit: all three; 8-bit: the
-// first two, through x12), `third` holds 8-bit codes' level 3.
-struct Dots {
-  __m256i main, third;
-};
-
-// Sums of 4 byte-dot vectors (code vector i's int32 lanes, as Codes orders them) per block
-// half (sub 16) or block (sub 32), in the layout group_dots returns.
-template <int Bits, int Sub>
-inline __m256i reduce_bytes(const __m256i* v) {
-  if constexpr (Sub == 32) {
-    if constexpr (Bits == 4) return _mm256_hadd_epi32(v[0], v[1]);  // lo + hi added already
-    return _mm256_hadd_epi32(_mm256_add_epi32(v[0], v[2]), _mm256_add_epi32(v[1], v[3]));
-  }
+// Sums of 4-bit codes' dot vectors (code vector i's int32 lanes, as Codes orders them; sub
+// 32: lo + hi added already, v[0] and v[1] only) per block half (sub 16) or block (sub 32),
+// in the layout group_dots returns.
+template <int Sub>
+inline __m256i reduce_nibbles(const __m256i* v) {
+  if constexpr (Sub == 32) return _mm256_hadd_epi32(v[0], v[1]);
   // v[0] lo of blocks 0-1 (sub-blocks 0, 2), v[2] their hi (1, 3), v[1], v[3]: 4-7
   return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[2]), _mm256_hadd_epi32(v[1], v[3]));
 }
@@ -89,11 +83,15 @@ inline __m256i fold_halves(__m256i a, __m256i b) {
 // 8-bit codes . x12 over one group, in the layout group_dots returns. A 16-code load is one
 // sub-block s = 2 b + h (block b, half h: lo run at 16 b, hi run at 64 + 16 b), widened to
 // int16: all 8 int32 lanes of its dot are that sub-block.
-template <int Sub>
+template <int Sub, bool HalfGroup>
 inline __m256i x12_dots(const uint8_t* group, const int16_t* x12) {
   __m256i s[8];
   for (int b = 0; b < 4; ++b)
     for (int h = 0; h < 2; ++h) {
+      if (HalfGroup && b >= 2) {
+        s[2 * b + h] = _mm256_setzero_si256();
+        continue;
+      }
       const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(group + 64 * h + 16 * b));
       s[2 * b + h] = _mm256_madd_epi16(_mm256_cvtepu8_epi16(c), load32(x12 + 64 * h + 16 * b));
     }
@@ -108,35 +106,37 @@ inline __m256i x12_dots(const uint8_t* group, const int16_t* x12) {
       _mm256_hadd_epi32(_mm256_hadd_epi32(s[2], s[3]), _mm256_hadd_epi32(s[6], s[7])));
 }
 
+// The integer dots of one group in units of d / 128^2 (Activations::d), as int32 lanes.
 // Sub 32: lanes [b0 b0 b2 b2 | b1 b1 b3 b3] (half sums of each block). Sub 16: the whole
 // step, lanes [s0 s1 s4 s5 | s2 s3 s6 s7] (sub-blocks s of the group). `at`: the group's
-// first activation of the row.
-template <int Bits, int Sub>
-[[gnu::always_inline]] inline Dots group_dots(const uint8_t* group, const Activations& x,
-                                              int64_t at) {
-  const Codes<Bits> codes(group);
-  if constexpr (Bits == 8) {
-    __m256i third[4];
-    for (int i = 0; i < 4; ++i) third[i] = weigh(codes.products(i, x.p[2] + at + 32 * i), 1);
-    return {x12_dots<Sub>(group, x.x12 + at), reduce_bytes<8, Sub>(third)};
-  }
-  constexpr int kWeight[3] = {128 * 128, 128, 1};
+// first activation of the row. A HalfGroup's blocks 2 and 3 are padding: their lanes are 0,
+// their products never computed (a tenth of the work where k = 576).
+template <int Bits, int Sub, bool HalfGroup>
+[[gnu::always_inline]] inline __m256i group_dots(const uint8_t* group, const Activations& x,
+                                                 int64_t at) {
+  if constexpr (Bits == 8)  // in units of d / 128: dot() scales them by 128
+    return x12_dots<Sub, HalfGroup>(group, x.x12 + at);
+  const Codes<Bits, HalfGroup> codes(group);
+  auto skipped = [](int i) { return HalfGroup && i % 2 == 1; };  // code vector of blocks 2-3
+  constexpr int kWeight[kAvx2Levels] = {128 * 128, 128};
   __m256i main[4];  // per code vector i (sub 32: i = 0, 1 only)
   for (int i = 0; i < 4; ++i) main[i] = _mm256_setzero_si256();
-  for (int l = 0; l < kLevels; ++l) {
+  for (int l = 0; l < kAvx2Levels; ++l) {
     const int8_t* p = x.p[l] + at;
     if constexpr (Sub == 32) {  // lo + hi of the same blocks, in int16
       for (int i = 0; i < 2; ++i)
-        main[i] = _mm256_add_epi32(
-            main[i], weigh(_mm256_add_epi16(codes.products(i, p + 32 * i),
-                                            codes.products(i + 2, p + 64 + 32 * i)),
-                           kWeight[l]));
+        if (!skipped(i))
+          main[i] = _mm256_add_epi32(
+              main[i], weigh(_mm256_add_epi16(codes.products(i, p + 32 * i),
+                                              codes.products(i + 2, p + 64 + 32 * i)),
+                             kWeight[l]));
     } else {
       for (int i = 0; i < 4; ++i)
-        main[i] = _mm256_add_epi32(main[i], weigh(codes.products(i, p + 32 * i), kWeight[l]));
+        if (!skipped(i))
+          main[i] = _mm256_add_epi32(main[i], weigh(codes.products(i, p + 32 * i), kWeight[l]));
     }
   }
-  return {reduce_bytes<4, Sub>(main), _mm256_setzero_si256()};
+  return reduce_nibbles<Sub>(main);
 }
 
 // 8 consecutive scales (or offsets, activation d or sums) of a row from `first`, or the
@@ -174,29 +174,43 @@ template <int Bits, int Sub, bool Half>
   const __m256i order = Sub == 32 ? _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)
                                   : _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
   __m256 acc = _mm256_setzero_ps(), acc_offsets = _mm256_setzero_ps();
-  for (int64_t gi = 0; gi < groups; gi += kGroupsPerStep) {
-    auto dots_of = [&](int64_t gj) {
-      return group_dots<Bits, Sub>(wj.codes + gj * (kGroup * Bits / 8), x,
-                                   row * x.kp + gj * kGroup);
-    };
-    Dots s = dots_of(gi);
-    if constexpr (Sub == 32) {
-      const Dots next = gi + 1 < groups ? dots_of(gi + 1) : Dots{_mm256_setzero_si256(),
-                                                                   _mm256_setzero_si256()};
-      s = {_mm256_hadd_epi32(s.main, next.main), _mm256_hadd_epi32(s.third, next.third)};
-    }
-    __m256 value = _mm256_cvtepi32_ps(s.main);
-    if constexpr (Bits == 8)
-      value = _mm256_fmadd_ps(value, _mm256_set1_ps(float(1 << kLevelShift)),
-                              _mm256_cvtepi32_ps(s.third));
-    // Sub 16 steps are one whole group; sub 32 ones two, or the last group alone.
-    const int64_t first = gi * kSubsPerGroup;
-    const bool four = subs - first == 4;
+  auto dots_of = [&]<bool HalfGroup>(int64_t gj) {
+    return group_dots<Bits, Sub, HalfGroup>(wj.codes + gj * (kGroup * Bits / 8), x,
+                                            row * x.kp + gj * kGroup);
+  };
+  // Sub 32: two groups' lanes as one step's 8 sub-blocks.
+  auto pair = [](__m256i a, __m256i b) { return _mm256_hadd_epi32(a, b); };
+  // One step's sub-blocks from `first` on, scaled into the sums (`four`: a sub 32 step
+  // of one group).
+  auto accumulate = [&](__m256i dots, int64_t first, bool four) {
+    __m256 value = _mm256_cvtepi32_ps(dots);
+    if constexpr (Bits == 8) value = _mm256_mul_ps(value, _mm256_set1_ps(float(1 << kLevelShift)));
     const __m256 scale = load8<Half>(wj.scales, first, four);
     const __m256 ds = _mm256_mul_ps(scale, load8<false>(d, first, four));
     acc = _mm256_fmadd_ps(value, _mm256_permutevar8x32_ps(ds, order), acc);
     acc_offsets = _mm256_fmadd_ps(load8<Half>(wj.offsets, first, four),
                                   load8<false>(sums, first, four), acc_offsets);
+  };
+  // Whole steps of whole groups, then what is left: one or two groups (sub 32), the last
+  // a half group where the weight has one (Weights::half_tail).
+  const int64_t whole = w.half_tail ? groups - 1 : groups;
+  int64_t gi = 0;
+  for (; gi + kGroupsPerStep <= whole; gi += kGroupsPerStep) {
+    __m256i s = dots_of.template operator()<false>(gi);
+    if constexpr (Sub == 32) s = pair(s, dots_of.template operator()<false>(gi + 1));
+    accumulate(s, gi * kSubsPerGroup, false);
+  }
+  if (gi == groups) return hsum(_mm256_add_ps(acc, acc_offsets));
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i last = w.half_tail ? dots_of.template operator()<true>(groups - 1)
+                                : dots_of.template operator()<false>(groups - 1);
+  if constexpr (Sub == 32) {
+    if (groups - gi == 2)
+      accumulate(pair(dots_of.template operator()<false>(gi), last), gi * kSubsPerGroup, false);
+    else
+      accumulate(pair(last, zero), gi * kSubsPerGroup, true);
+  } else {
+    accumulate(last, gi * kSubsPerGroup, false);
   }
   return hsum(_mm256_add_ps(acc, acc_offsets));
 }

@@ -27,16 +27,16 @@ constexpr int64_t kRows = 4, kChunksPerThread = 4, kMinChunkMacs = int64_t(1) <<
 // whatever the rows), hence 256.
 constexpr int64_t kDenseRows = 256, kDenseChunkFloats = int64_t(1) << 20;
 
-// AVX2 has no VNNI: its int8 dots at three levels cost about half as much per weight and row
-// as unpacking the weight row to fp32 once, so from a few rows on (a batched decode step)
-// each weight row is unpacked into cache-sized scratch and multiplied by the exact fp32 rows
+// AVX2 has no VNNI: its int8 dots (at three levels when this was measured; two now) cost
+// about half as much per weight and row as unpacking the weight row to fp32 once, so from a
+// few rows on (a batched decode step) each weight row is unpacked into cache-sized scratch and multiplied by the exact fp32 rows
 // with fmas (avx2::gemm_unpacked). 2 threads, AMD EPYC Zen 3, int8 path -> unpacked, at
 // 6 / 8 / 32 / 128 rows: 3072x576 Q4 439 -> 593 / 588 -> 627 / 1780 -> 892 / 11231 -> 3719 us;
 // 49152x576 Q8_0 8.4 -> 9.7 / 10.5 -> 9.8 / 44 -> 17 / 179 -> 62 ms; hence 8.
 constexpr int64_t kAvx2UnpackedRows = 8;
 
 // The first row count at which an instruction set's path takes x as exact fp32 instead of
-// rounded to three int8 levels.
+// rounded to int8 levels (activation_levels: 3, or AVX2's 2).
 int64_t exact_rows(int64_t isa) { return isa == kAvx2 ? kAvx2UnpackedRows : kDenseRows; }
 
 bool isa_supported(int64_t isa) {
@@ -76,7 +76,7 @@ Weights weights_of(const at::Tensor& codes, const at::Tensor& scales, const at::
                 "scales and offsets must be contiguous float16 or float32 [out_features, ",
                 kp / sub, "] of one type, got ", t->sizes(), " ", t->scalar_type());
   return Weights{codes.data_ptr<uint8_t>(), scales.data_ptr(), offsets.data_ptr(), codes.size(0),
-                 kp, int(bits), int(sub), half};
+                 kp, int(bits), int(sub), half, kp - k >= kGroup / 2};
 }
 
 // The AVX2 kernel reads 8-bit codes against x12: vpmaddubsw would overflow on an unsigned
@@ -248,6 +248,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &best_isa);
   m.def("dense_rows", [] { return kDenseRows; });
   m.def("exact_rows", &exact_rows);
+  m.def("activation_levels", [](int64_t isa) { return isa == kAvx2 ? kAvx2Levels : kLevels; });
   m.def("exports", [] {  // for the ops module: quant_exports.h
     return py::capsule(const_cast<tokenwire::QuantExports*>(&kExports),
                        tokenwire::kQuantExportsCapsule);

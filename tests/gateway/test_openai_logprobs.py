@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.loader import default_model_dir
+from logprob_tolerance import logprob_tolerance
 from ws_helpers import open_ws, recv_until
 
 CHAT = [{"role": "user", "content": "Name a fruit."}]
@@ -17,9 +18,9 @@ PROMPT_IDS = [504, 3575, 282, 4649, 314]  # "The capital of France is"
 GREEDY = {"temperature": 0, "max_tokens": 8, "model": "m"}
 # The second of two identical requests hits the prefix cache, so its prefill multiplies fewer
 # rows, and a quantized matmul's path depends on the row count (on AVX2, from 8 rows the
-# activations are taken exact, below that at three int8 levels: docs/quantization.md). Either
-# is within 4e-5 of fp32's logprobs, so the two may differ by that much, never by a token's.
-SAME_LOGPROB = 1e-4
+# activations are taken exact, below that at two int8 levels: docs/quantization.md). Either
+# is within logprob_tolerance() of fp32's logprobs, so the two may differ by that much,
+# never by a token's.
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ async def test_chat_logprobs_whole_and_streamed(client):
             streamed += chunk.choices[0].logprobs.content
     assert [e.token for e in streamed] == [e.token for e in content]
     assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content],
-                                                          abs=SAME_LOGPROB)
+                                                          abs=logprob_tolerance())
 
 
 async def test_completion_logprobs_legacy_shape(client):
@@ -67,7 +68,7 @@ async def test_completion_logprobs_legacy_shape(client):
                                                        stream=True, **GREEDY):
         if chunk.choices[0].logprobs:
             streamed += chunk.choices[0].logprobs.token_logprobs
-    assert streamed == pytest.approx(lp.token_logprobs, abs=SAME_LOGPROB)
+    assert streamed == pytest.approx(lp.token_logprobs, abs=logprob_tolerance())
 
 
 async def test_ws_logprobs_are_the_models_own(base_url, client):
@@ -86,7 +87,8 @@ async def test_ws_logprobs_are_the_models_own(base_url, client):
         ids = torch.tensor([PROMPT_IDS + [e["token_id"] for e in entries]])
         ref = model(ids).logits[0].double().log_softmax(-1)[len(PROMPT_IDS) - 1:-1]
     for row, entry in zip(ref, entries):
-        assert entry["logprob"] == pytest.approx(row[entry["token_id"]].item(), abs=1e-4)
+        assert entry["logprob"] == pytest.approx(row[entry["token_id"]].item(),
+                                                 abs=logprob_tolerance())
         assert [t["token_id"] for t in entry["top"]] == row.topk(4).indices.tolist()
     http = await client.completions.create(prompt=PROMPT_IDS, logprobs=0, **GREEDY)
     assert http.choices[0].logprobs.token_logprobs == pytest.approx(

@@ -38,15 +38,16 @@ def packed(rng, fmt, out_features, in_features):
     return QuantWeight.from_blocks(blocks, fmt, in_features), torch.from_numpy(dense).double()
 
 
-def three_levels(x: np.ndarray) -> np.ndarray:
+def rounded_levels(x: np.ndarray, levels: int = 3) -> np.ndarray:
     """The kernels' activation rounding (quant_kernels.h), in the same fp32 steps:
-    per 32-block x ~= d * (p1 + p2 / 128 + p3 / 128^2) with d = max|x| / 127."""
+    per 32-block x ~= d * (p1 + p2 / 128 + p3 / 128^2) with d = max|x| / 127, the first
+    `levels` terms of it (AVX2's dots read two)."""
     blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
     amax = np.abs(blocks).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
         v = blocks * np.where(amax > 0, np.float32(127) / amax, np.float32(0))
     rounded = np.zeros(blocks.shape, np.float64)
-    for level in range(3):
+    for level in range(levels):
         p = np.rint(v)
         assert np.abs(p).max() <= (127 if level == 0 else 64)  # fits int8
         rounded += p.astype(np.float64) / 128.0 ** level
@@ -54,12 +55,13 @@ def three_levels(x: np.ndarray) -> np.ndarray:
     return ((amax / np.float32(127)).astype(np.float64) * rounded).reshape(x.shape)
 
 
-def reference(x: torch.Tensor, weight: QuantWeight, dense: torch.Tensor) -> torch.Tensor:
+def reference(x: torch.Tensor, weight: QuantWeight, dense: torch.Tensor,
+              levels: int) -> torch.Tensor:
     """Dequantize-then-matmul in fp64 on the rounded activations, with the offsets (the
     `+ offset` part of every weight) against the exact x, as the kernels take them."""
     offsets = torch.from_numpy(np.repeat(weight.offsets.numpy().astype(np.float64), weight.sub,
                                          axis=1)[:, :weight.in_features])
-    xr = torch.from_numpy(three_levels(x.numpy()))
+    xr = torch.from_numpy(rounded_levels(x.numpy(), levels))
     return xr @ (dense - offsets).T + x.double() @ offsets.T
 
 
@@ -69,7 +71,7 @@ def expected(quant, isa_id: int, x: torch.Tensor, weight: QuantWeight,
     exact_rows(isa) on (AVX2's unpacked path, everyone's dense one) on the exact ones."""
     if x.shape[0] >= quant.exact_rows(isa_id):
         return x.double() @ dense.T
-    return reference(x, weight, dense)
+    return reference(x, weight, dense, quant.activation_levels(isa_id))
 
 
 SHAPES = {  # (out_features, in_features): k under/at/past a group of 128; odd row counts
@@ -97,8 +99,10 @@ def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
     scale = (x.double().abs() @ dense.abs().T).max().item()  # the size of the sums' terms
     torch.testing.assert_close(out.double(), expected(quant, isa_id, x, weight, dense), rtol=0,
                                atol=2e-6 * scale)
-    # and against the unrounded activations: within the rounding's bound
-    bound = x.double().abs().reshape(rows, -1, 32).amax(-1).repeat_interleave(32, 1) / 127 / 2**15
+    # and against the unrounded activations: within the rounding's bound, d / 2 at one
+    # level and 128 times less per level after it
+    step = 2 ** (1 + 7 * (quant.activation_levels(isa_id) - 1))
+    bound = x.double().abs().reshape(rows, -1, 32).amax(-1).repeat_interleave(32, 1) / 127 / step
     assert ((out.double() - x.double() @ dense.T).abs() <= bound @ dense.abs().T
             + 2e-6 * scale).all()
 
@@ -142,12 +146,15 @@ def test_nan_and_inf_rows_give_non_finite_outputs_and_spare_the_others(quant, is
     assert torch.isfinite(out[~bad]).all()
 
 
-def test_three_levels_round_to_a_2_15th_of_the_int8_step():
-    """One int8 level is off by up to d / 2; three by d / 2^15 (and fp32's own rounding)."""
+@pytest.mark.parametrize("levels, step", [(1, 2), (2, 2**8), (3, 2**15)])
+def test_each_level_rounds_128_times_finer(levels, step):
+    """One int8 level is off by up to d / 2; two by d / 2^8, three by d / 2^15 (and fp32's
+    own rounding), and no tighter: the bound is reached within a factor of 4."""
     x = np.random.default_rng(1).standard_normal((4, 256)).astype(np.float32)
     d = np.abs(x.reshape(4, -1, 32)).max(-1, keepdims=True) / 127
-    err = np.abs(three_levels(x) - x).reshape(4, -1, 32)
-    assert (err <= d / 2**15 + np.abs(x.reshape(4, -1, 32)) * 2**-23).all() and err.max() > 0
+    err = np.abs(rounded_levels(x, levels) - x).reshape(4, -1, 32)
+    assert (err <= d / step + np.abs(x.reshape(4, -1, 32)) * 2**-23).all()
+    assert (err / d).max() > 1 / (4 * step)
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
