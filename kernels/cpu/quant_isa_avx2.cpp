@@ -37,8 +37,8 @@ inline __m256i load32(const void* p) {
 
 // A group's codes as 4 vectors of 32 bytes, vector i against activation bytes 32 i..32 i + 31
 // of the group (lo run: i = 0, 1; hi run: i = 2, 3; i even: blocks 0-1, odd: blocks 2-3).
-// A HalfGroup (Weights::half_tail's last group) reads only the even ones: the odd ones are
-// padding, and no caller reads them.
+// A 4-bit HalfGroup (Weights::half_tail's last group) unpacks only the even ones: the odd
+// ones are padding, and no caller reads them.
 template <int Bits, bool HalfGroup = false>
 struct Codes {
   __m256i v[4];
@@ -46,13 +46,13 @@ struct Codes {
   explicit Codes(const uint8_t* group) {
     if constexpr (Bits == 4) {
       const __m256i nib = _mm256_set1_epi8(15);
-      for (int h = 0; h < (HalfGroup ? 1 : 2); ++h) {  // byte t: lo[32 h + t] | hi[32 h + t] << 4
+      for (int h = 0; h < (HalfGroup ? 1 : 2); ++h) {  // byte t: lo[32 h + t] | hi[.] << 4
         const __m256i c = load32(group + 32 * h);
         v[h] = _mm256_and_si256(c, nib);
         v[2 + h] = _mm256_and_si256(_mm256_srli_epi16(c, 4), nib);
       }
     } else {
-      for (int i = 0; i < 4; i += HalfGroup ? 2 : 1) v[i] = load32(group + 32 * i);
+      for (int i = 0; i < 4; ++i) v[i] = load32(group + 32 * i);
     }
   }
 
@@ -184,7 +184,7 @@ template <int Bits, int Sub, bool Half>
   // of one group).
   auto accumulate = [&](__m256i dots, int64_t first, bool four) {
     __m256 value = _mm256_cvtepi32_ps(dots);
-    if constexpr (Bits == 8) value = _mm256_mul_ps(value, _mm256_set1_ps(float(1 << kLevelShift)));
+    if constexpr (Bits == 8) value = _mm256_mul_ps(value, _mm256_set1_ps(1 << kLevelShift));
     const __m256 scale = load8<Half>(wj.scales, first, four);
     const __m256 ds = _mm256_mul_ps(scale, load8<false>(d, first, four));
     acc = _mm256_fmadd_ps(value, _mm256_permutevar8x32_ps(ds, order), acc);
