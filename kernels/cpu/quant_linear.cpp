@@ -30,8 +30,9 @@ constexpr int64_t kDenseRows = 256, kDenseChunkFloats = int64_t(1) << 20;
 // AVX2 has no VNNI: its int8 dots (at three levels when this was measured; two now) cost
 // about half as much per weight and row as unpacking the weight row to fp32 once, so from a
 // few rows on (a batched decode step) each weight row is unpacked into cache-sized scratch
-// and multiplied by the exact fp32 rows with fmas (avx2::gemm_unpacked). 2 threads, AMD EPYC Zen 3, int8 path -> unpacked, at
-// 6 / 8 / 32 / 128 rows: 3072x576 Q4 439 -> 593 / 588 -> 627 / 1780 -> 892 / 11231 -> 3719 us;
+// and multiplied by the exact fp32 rows with fmas (avx2::gemm_unpacked). 2 threads, AMD EPYC
+// Zen 3, int8 path -> unpacked, at 6 / 8 / 32 / 128 rows:
+// 3072x576 Q4 439 -> 593 / 588 -> 627 / 1780 -> 892 / 11231 -> 3719 us;
 // 49152x576 Q8_0 8.4 -> 9.7 / 10.5 -> 9.8 / 44 -> 17 / 179 -> 62 ms; hence 8.
 constexpr int64_t kAvx2UnpackedRows = 8;
 

@@ -55,10 +55,12 @@ class Faults:
                 self.failed_batches.append({r.request_id for r in batch.requests})
                 raise
 
-        def faulty_forward(*args, **kwargs):
-            if self.where == "forward" and self.armed:
-                raise RuntimeError(SECRET)
-            return forward(*args, **kwargs)
+        def faulty(forward):  # LlamaModel's forward, or the C++ decode stack's
+            def faulty_forward(*args, **kwargs):
+                if self.where == "forward" and self.armed:
+                    raise RuntimeError(SECRET)
+                return forward(*args, **kwargs)
+            return faulty_forward
 
         def faulty_sample(logits, requests):
             if self.where == "sampler" and self.armed:
@@ -70,16 +72,9 @@ class Faults:
                 raise RuntimeError(SECRET)
             return detokenize(request, token, reason)
 
-        runner.execute, runner.model.forward = spy_execute, faulty_forward
+        runner.execute, runner.model.forward = spy_execute, faulty(forward)
         if runner.decode_stack is not None:  # decode-only steps' forward (engine.cpu_decode)
-            stack_forward = runner.decode_stack.forward
-
-            def faulty_stack_forward(*args, **kwargs):
-                if self.where == "forward" and self.armed:
-                    raise RuntimeError(SECRET)
-                return stack_forward(*args, **kwargs)
-
-            runner.decode_stack.forward = faulty_stack_forward
+            runner.decode_stack.forward = faulty(runner.decode_stack.forward)
         runner.sampler.sample = faulty_sample
         if detokenize is not None:
             core._detokenize = faulty_detokenize  # noqa: SLF001
