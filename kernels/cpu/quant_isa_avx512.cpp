@@ -17,15 +17,21 @@
 //   T   = [b0: S_0 S_1 S_2 S_3 | b1: ... | b2 ... | b3 ...]   (two unpack + add rounds)
 //
 // With sub 16 (Q6_K) the lo and hi runs of a block have their own scales and are kept apart.
+#ifdef TOKENWIRE_QUANT_EMULATE_AVX512
+#include "avx512_emulated.h"
+#else
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
 
 #include "quant_kernels.h"
 
+#ifndef TOKENWIRE_QUANT_EMULATE_AVX512
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#endif
 
 namespace tokenwire::quant::avx512 {
 namespace {
@@ -307,4 +313,6 @@ void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
 
 }  // namespace tokenwire::quant::avx512
 
+#ifndef TOKENWIRE_QUANT_EMULATE_AVX512
 #pragma GCC pop_options
+#endif

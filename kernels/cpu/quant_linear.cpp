@@ -44,6 +44,9 @@ bool isa_supported(int64_t isa) {
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                     __builtin_cpu_supports("f16c");
+#ifdef TOKENWIRE_QUANT_EMULATE_AVX512
+  if (isa == kAvx512) return true;  // avx512_emulated.h: portable C, runs anywhere
+#endif
   if (isa == kAvx512)
     return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");

@@ -1,6 +1,6 @@
 """The weight-only quantized matmul (kernels/cpu/quant_*.cpp) against dequantize-then-matmul:
-every GGUF format the loader keeps packed, every instruction-set path this CPU has (each
-forced in turn), decode's one row and batched rows past every tile edge, odd output counts,
+every GGUF format the loader keeps packed, every instruction-set path (each forced in turn;
+AVX-512 emulated in portable C where this CPU lacks it), decode's one row and batched rows past every tile edge, odd output counts,
 in_features that are not whole groups of 128, bias, the embedding lookup, the regrouped
 layout against gguf's own dequantization, and bad arguments."""
 
@@ -14,6 +14,7 @@ import kernels.cpu as cpu_kernels
 from engine.quant.layout import FORMATS
 from engine.quant.linear import QuantLinear
 from engine.quant.weights import QuantWeight, cat_rows
+from tests.kernels import emulated_avx512
 from tests.kernels.quant_blocks import LEGACY, gguf_blocks
 
 
@@ -25,11 +26,15 @@ def quant():
     return built
 
 
-def isa_or_skip(quant, name: str) -> int:
+def kernels_for(quant, name: str):
+    """The module and instruction-set id that run `name`'s path: this CPU's own, or where
+    the CPU has no AVX-512, the build that emulates it (emulated_avx512.py)."""
     isa = cpu_kernels.QUANT_ISAS[name]
-    if not quant.isa_supported(isa):
-        pytest.skip(f"this CPU has no {name}")
-    return isa
+    if quant.isa_supported(isa):
+        return quant, isa
+    if name == "avx512":
+        return emulated_avx512.load(), isa
+    pytest.skip(f"this CPU has no {name}")
 
 
 def packed(rng, fmt, out_features, in_features):
@@ -89,7 +94,7 @@ SHAPES = {  # (out_features, in_features): k under/at/past a group of 128; odd r
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8, 17, 33, 200])
 @pytest.mark.parametrize("shape", range(4))
 def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
-    isa_id = isa_or_skip(quant, isa)
+    quant, isa_id = kernels_for(quant, isa)
     out_features, in_features = SHAPES["legacy" if fmt in LEGACY else "k"][shape]
     rng = np.random.default_rng(rows * 1000 + out_features)
     weight, dense = packed(rng, fmt, out_features, in_features)
@@ -112,7 +117,7 @@ def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
 def test_prefill_sized_batches_take_exact_activations(quant, isa, fmt):
     """From dense_rows() rows on, the weight is unpacked to fp32 and multiplied by torch's
     GEMM: the product of the exact activations, to fp32's rounding, bias included."""
-    isa_id = isa_or_skip(quant, isa)
+    quant, isa_id = kernels_for(quant, isa)
     rng = np.random.default_rng(9)
     in_features = 576 if fmt in LEGACY else 768
     weight, dense = packed(rng, fmt, 37, in_features)
@@ -132,7 +137,7 @@ def test_nan_and_inf_rows_give_non_finite_outputs_and_spare_the_others(quant, is
     """A NaN or an inf in a row makes that row's outputs non-finite, as fp32 arithmetic would
     (the int8 paths set the block's scale to NaN: rounding would hide it), and no other
     row's."""
-    isa_id = isa_or_skip(quant, isa)
+    quant, isa_id = kernels_for(quant, isa)
     rng = np.random.default_rng(11)
     weight, _ = packed(rng, "Q4_1", 21, 256)
     x = torch.from_numpy(rng.standard_normal((rows, 256)).astype(np.float32))
@@ -192,7 +197,7 @@ def test_rows_of_two_formats_share_one_matrix(quant):
 
 @pytest.mark.parametrize("isa", sorted(cpu_kernels.QUANT_ISAS))
 def test_bias_and_forced_isa_through_quant_linear(quant, isa, monkeypatch):
-    isa_or_skip(quant, isa)
+    quant, _ = kernels_for(quant, isa)
     monkeypatch.setenv(cpu_kernels.QUANT_ISA_ENV, isa)
     rng = np.random.default_rng(7)
     weight, dense = packed(rng, "Q4_1", 37, 64)
