@@ -2,7 +2,7 @@
 // the CPU has it (quant_linear.cpp): CPUs without AVX-512 (AMD Zen 2/3, most laptops).
 //
 // AVX2 has no VNNI, so every activation level costs a pass of multiplies: these dots read
-// the first kAvx2Levels (2) of the three (quant_kernels.h), activations to within
+// the first kSimdLevels (2) of the three (quant_kernels.h), activations to within
 // d / 256 = max|x| / 32512 of each block's largest (llama.cpp's Q8_1: d / 2).
 //   4-bit codes (0-15) x a level (|p| <= 127): vpmaddubsw (32 unsigned bytes by 32 signed
 //     ones into 16 int16 lanes of two products, saturating) is exact, a lane at most
@@ -118,10 +118,10 @@ template <int Bits, int Sub, bool HalfGroup>
     return x12_dots<Sub, HalfGroup>(group, x.x12 + at);
   const Codes<Bits, HalfGroup> codes(group);
   auto skipped = [](int i) { return HalfGroup && i % 2 == 1; };  // code vector of blocks 2-3
-  constexpr int kWeight[kAvx2Levels] = {128 * 128, 128};
+  constexpr int kWeight[kSimdLevels] = {128 * 128, 128};
   __m256i main[4];  // per code vector i (sub 32: i = 0, 1 only)
   for (int i = 0; i < 4; ++i) main[i] = _mm256_setzero_si256();
-  for (int l = 0; l < kAvx2Levels; ++l) {
+  for (int l = 0; l < kSimdLevels; ++l) {
     const int8_t* p = x.p[l] + at;
     if constexpr (Sub == 32) {  // lo + hi of the same blocks, in int16
       for (int i = 0; i < 2; ++i)

@@ -6,8 +6,8 @@
 // code.p = lo . p_lo + hi . p_hi over the group's two runs, 16 int32 lanes (lanes 4b..4b+3:
 // block b):
 //
-//   S = 128^2 code.p1 + 128 code.p2 + code.p3    (8-bit codes: the last level apart)
-//   acc += float(S) * (scale * d)[lane / 4] + offsets . sums
+//   S = 128 code.p1 + code.p2    (the first kSimdLevels = 2 activation levels)
+//   acc += 128 float(S) * (scale * d)[lane / 4] + offsets . sums    (d: the block's / 128^2)
 //
 // Against 4 activation rows the 4 rows' sums are first added within each block and
 // interleaved (lane 4b + r: block b, row r), so the conversions, one multiply and one fma
@@ -55,16 +55,16 @@ inline __m512i dpbusd(__m512i acc, __m512i codes, const int8_t* p) {
 }
 
 // The dots of one group (level l's at p[l] + at) per lane, over both runs (sub 32) or
-// over each run apart (sub 16: [0] lo, [1] hi, each with its own scale). 4-bit codes keep
-// all levels in one int32, s = 128^2 code.p1 + 128 code.p2 + code.p3 (< 2^31 even summed
-// over a block of 32); 8-bit codes could pass that, so s = 128 code.p1 + code.p2 and
-// s3 = code.p3.
+// over each run apart (sub 16: [0] lo, [1] hi, each with its own scale), at the first two
+// levels: s = 128 code.p1 + code.p2, below 2^31 with 8-bit codes even summed over a block
+// of 32 (4 * 255 * 127 * 2 * 128 per lane, four lanes).
 struct Dots {
-  __m512i s[2], s3[2];
+  __m512i s[2];
 };
 
-template <int Bits, int Sub>
+template <int Sub>
 inline Dots dots(__m512i lo, __m512i hi, const int8_t* const* p, int64_t at) {
+  static_assert(kSimdLevels == 2, "the dots below read two levels");
   const __m512i zero = _mm512_setzero_si512();
   constexpr int kRuns = Sub == 32 ? 2 : 1;  // runs summed into one dot
   Dots out;
@@ -75,25 +75,16 @@ inline Dots dots(__m512i lo, __m512i hi, const int8_t* const* p, int64_t at) {
         acc = dpbusd(acc, run ? hi : lo, p[l] + at + 64 * run);
       return acc;
     };
-    // three independent chains, then combined: shorter latency than one chain through all
-    const __m512i s1 = level(zero, 0), s2 = level(zero, 1), s3 = level(zero, 2);
-    const __m512i s12 = _mm512_add_epi32(_mm512_slli_epi32(s1, kLevelShift), s2);
-    if constexpr (Bits == 4) {
-      out.s[h] = _mm512_add_epi32(_mm512_slli_epi32(s12, kLevelShift), s3);
-    } else {
-      out.s[h] = s12;
-      out.s3[h] = s3;
-    }
+    // two independent chains, then combined: shorter latency than one chain through both
+    const __m512i s1 = level(zero, 0), s2 = level(zero, 1);
+    out.s[h] = _mm512_add_epi32(_mm512_slli_epi32(s1, kLevelShift), s2);
   }
   return out;
 }
 
-// A dot's value as floats: the group's dot against the rounded activations, times 128^2.
-template <int Bits>
-inline __m512 levels(__m512i s, __m512i s3) {
-  if constexpr (Bits == 4) return _mm512_cvtepi32_ps(s);
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(float(1 << kLevelShift)),
-                         _mm512_cvtepi32_ps(s3));
+// A dot's value as floats, times 128^2 as d is stored (quant_kernels.h): 128 float(s), exact.
+inline __m512 levels(__m512i s) {
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(float(1 << kLevelShift)));
 }
 
 template <int Sub, bool Half>
@@ -168,12 +159,11 @@ float dot_row(const Gemm& g, int64_t j, int64_t row) {
   for (int64_t gi = 0; gi < g.w.kp / kGroup; ++gi) {
     __m512i lo, hi;
     w.group(gi, lo, hi);
-    const Dots s = dots<Bits, Sub>(lo, hi, x.p, row * x.kp + gi * kGroup);
+    const Dots s = dots<Sub>(lo, hi, x.p, row * x.kp + gi * kGroup);
     const __m512 ds = _mm512_mul_ps(load_params<Sub, Half>(w.scales, gi * kSubs),
                                     load_params<Sub, false>(x.d + row * subs, gi * kSubs));
     for (int h = 0; h < kHalves; ++h)
-      acc = _mm512_fmadd_ps(levels<Bits>(s.s[h], s.s3[h]), _mm512_permutexvar_ps(idx[h], ds),
-                            acc);
+      acc = _mm512_fmadd_ps(levels(s.s[h]), _mm512_permutexvar_ps(idx[h], ds), acc);
     acc = _mm512_fmadd_ps(load_params<Sub, Half>(w.offsets, gi * kSubs),  // zero-padded
                           load_params<Sub, false>(x.sums + row * subs, gi * kSubs), acc);
   }
@@ -190,11 +180,11 @@ void dot_tile(const Gemm& g, int64_t j, int64_t q, float* out) {
   const __m512i idx[2] = {lane_subs<Sub>(0), lane_subs<Sub>(1)};
   __m512 acc = _mm512_setzero_ps();
   for (int64_t gi = 0; gi < groups; ++gi) {
-    __m512i lo, hi, s[2][4], s3[2][4];
+    __m512i lo, hi, s[2][4];
     w.group(gi, lo, hi);
     for (int r = 0; r < 4; ++r) {
-      const Dots dr = dots<Bits, Sub>(lo, hi, x.p, (4 * q + r) * x.kp + gi * kGroup);
-      for (int h = 0; h < kHalves; ++h) s[h][r] = dr.s[h], s3[h][r] = dr.s3[h];
+      const Dots dr = dots<Sub>(lo, hi, x.p, (4 * q + r) * x.kp + gi * kGroup);
+      for (int h = 0; h < kHalves; ++h) s[h][r] = dr.s[h];
     }
     const __m512 scale = load_params<Sub, Half>(w.scales, gi * kSubs);
     const __m512 offset = load_params<Sub, Half>(w.offsets, gi * kSubs);
@@ -202,9 +192,7 @@ void dot_tile(const Gemm& g, int64_t j, int64_t q, float* out) {
       const int64_t at = ((q * groups + gi) * kHalves + h) * 16;
       const __m512 ds = _mm512_mul_ps(_mm512_permutexvar_ps(idx[h], scale),
                                       _mm512_loadu_ps(x.d4 + at));
-      const __m512 sums = Bits == 4 ? levels<4>(interleave_sums(s[h]), s[h][0])
-                                    : levels<8>(interleave_sums(s[h]), interleave_sums(s3[h]));
-      acc = _mm512_fmadd_ps(sums, ds, acc);
+      acc = _mm512_fmadd_ps(levels(interleave_sums(s[h])), ds, acc);
       acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx[h], offset), _mm512_loadu_ps(x.sums4 + at),
                             acc);
     }
@@ -288,7 +276,7 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int
     const __m512 inv = _mm512_set1_ps(finite && amax > 0.f ? 127.f / amax : 0.f);
     for (int h = 0; h < 2; ++h) {
       __m512 v = _mm512_mul_ps(half[h], inv);
-      for (int level = 0; level < kLevels; ++level) {
+      for (int level = 0; level < kSimdLevels; ++level) {  // the levels the dots read
         const __m512 q = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(p + level * stride + at + 64 * h),
                          _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));

@@ -25,9 +25,9 @@
 // so sum(code * x) over a block is d / 128^2 * (128 * (128 * code.p1 + code.p2) + code.p3):
 // exact integer dots, one float scale per block. With one int8 level (llama.cpp's Q8_1)
 // greedy output matched Hugging Face's fp32 on 3 of 9 parity prompts, with two on 9 of 9
-// but logprobs off by 4e-3; three keep logprobs within 1e-4 of fp32 activations'. AVX2,
-// without VNNI, pays a pass of multiplies per level and reads only the first two
-// (kAvx2Levels: 10% less time per decode matmul on Zen 3); AVX-512 and portable read all three.
+// but logprobs off by 4e-3; three keep logprobs within 1e-4 of fp32 activations'. The AVX2
+// and AVX-512 dots pay a pass of multiplies per level and read only the first two
+// (kSimdLevels: on AVX2 10% less time per decode matmul, Zen 3); portable reads all three.
 // The offsets multiply the exact fp32 sum of x over each sub-block.
 #pragma once
 
@@ -40,7 +40,7 @@ namespace tokenwire::quant {
 constexpr int64_t kGroup = 128;  // weights per group of codes
 constexpr int64_t kBlock = 32;   // activation weights per quantization block
 constexpr int kLevels = 3;       // int8 levels of an activation
-constexpr int kAvx2Levels = 2;   // of them, the ones AVX2's dots read (quant_isa_avx2.cpp)
+constexpr int kSimdLevels = 2;   // of them, the ones the AVX2 and AVX-512 dots read
 constexpr int kLevelShift = 7;   // each level is 1 / 128 (2^-7) of the one before
 
 struct Weights {

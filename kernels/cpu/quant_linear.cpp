@@ -37,7 +37,7 @@ constexpr int64_t kDenseRows = 256, kDenseChunkFloats = int64_t(1) << 20;
 constexpr int64_t kAvx2UnpackedRows = 8;
 
 // The first row count at which an instruction set's path takes x as exact fp32 instead of
-// rounded to int8 levels (activation_levels: 3, or AVX2's 2).
+// rounded to int8 levels (activation_levels: portable reads 3, AVX2 and AVX-512 2).
 int64_t exact_rows(int64_t isa) { return isa == kAvx2 ? kAvx2UnpackedRows : kDenseRows; }
 
 bool isa_supported(int64_t isa) {
@@ -252,7 +252,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &best_isa);
   m.def("dense_rows", [] { return kDenseRows; });
   m.def("exact_rows", &exact_rows);
-  m.def("activation_levels", [](int64_t isa) { return isa == kAvx2 ? kAvx2Levels : kLevels; });
+  m.def("activation_levels",
+        [](int64_t isa) { return isa == kPortable ? kLevels : kSimdLevels; });
   m.def("exports", [] {  // for the ops module: quant_exports.h
     return py::capsule(const_cast<tokenwire::QuantExports*>(&kExports),
                        tokenwire::kQuantExportsCapsule);

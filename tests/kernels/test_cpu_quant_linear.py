@@ -46,7 +46,7 @@ def packed(rng, fmt, out_features, in_features):
 def rounded_levels(x: np.ndarray, levels: int = 3) -> np.ndarray:
     """The kernels' activation rounding (quant_kernels.h), in the same fp32 steps:
     per 32-block x ~= d * (p1 + p2 / 128 + p3 / 128^2) with d = max|x| / 127, the first
-    `levels` terms of it (AVX2's dots read two)."""
+    `levels` terms of it (the AVX2 and AVX-512 dots read two, portable three)."""
     blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
     amax = np.abs(blocks).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
