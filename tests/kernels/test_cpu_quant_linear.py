@@ -88,10 +88,11 @@ SHAPES = {  # (out_features, in_features): k under/at/past a group of 128; odd r
 
 @pytest.mark.parametrize("isa", sorted(cpu_kernels.QUANT_ISAS))
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-# rows: decode's 1, odd and even counts around the 2- and 4-row tiles, 8 (AVX2's unpacked
-# path's first: one panel of 8 rows), 17 and 33 past 16-row blocks (the last panel one row
-# and seven of padding), 200 (several blocks and chunks)
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 8, 17, 33, 200])
+# rows: decode's 1, odd and even counts around the 2- and 4-row tiles, 11 (AVX2's last on
+# the int8 dots), 12 (its unpacked path's first: a panel of 8 rows and half of one), 17 and
+# 33 past 16-row blocks (the last panel one row and seven of padding), 200 (several blocks
+# and chunks)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 11, 12, 17, 33, 200])
 @pytest.mark.parametrize("shape", range(4))
 def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
     quant, isa_id = kernels_for(quant, isa)
@@ -132,7 +133,7 @@ def test_prefill_sized_batches_take_exact_activations(quant, isa, fmt):
 
 
 @pytest.mark.parametrize("isa", sorted(cpu_kernels.QUANT_ISAS))
-@pytest.mark.parametrize("rows", [1, 5, 9, 300])  # each path: int8 dots, unpacked, dense
+@pytest.mark.parametrize("rows", [1, 5, 13, 300])  # each path: int8 dots, unpacked, dense
 def test_nan_and_inf_rows_give_non_finite_outputs_and_spare_the_others(quant, isa, rows):
     """A NaN or an inf in a row makes that row's outputs non-finite, as fp32 arithmetic would
     (the int8 paths set the block's scale to NaN: rounding would hide it), and no other
