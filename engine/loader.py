@@ -9,12 +9,14 @@ dequantizing conversion (~20 s) writes once under the cache directory.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -109,23 +111,42 @@ def _convert_gguf(source_dir: Path, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+# The default model's files (_convert_gguf's) are read without transformers' Auto classes:
+# importing AutoConfig's Llama config or AutoTokenizer imports transformers' model and
+# generation code, and through it torch._dynamo and Triton, ~135 MiB of a CPU server's RSS.
+# Its config.json holds every field, read as plain JSON, and its tokenizer is transformers'
+# generic TokenizersBackend, the class AutoTokenizer picks for it; both give what the Auto
+# classes give (tests/engine/test_default_model_files.py). Other directories keep the Auto
+# classes, which weigh a model type's own defaults and tokenizer class.
+def _is_default_dir(path: Path) -> bool:
+    return path == cache_root() / DEFAULT_MODEL_NAME
+
+
 def _tokenizer(path: Path):
     """The directory's tokenizer, never "cleaning up" spaces before punctuation on decode:
     for the BPE and SentencePiece vocabularies of Llama-family models that cleanup changes
     the text (transformers ignores it for BPE anyway, with a warning on every load)."""
-    from transformers import AutoTokenizer
+    if _is_default_dir(path):
+        from transformers import TokenizersBackend as tokenizer_class
+    else:
+        from transformers import AutoTokenizer as tokenizer_class
+    return tokenizer_class.from_pretrained(path, clean_up_tokenization_spaces=False)
 
-    return AutoTokenizer.from_pretrained(path, clean_up_tokenization_spaces=False)
+
+def _hf_config(path: Path):
+    if _is_default_dir(path):
+        return SimpleNamespace(**json.loads((path / "config.json").read_text()))
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
 
 
 def _config_and_tokenizer(path: Path) -> tuple[ModelConfig, object]:
-    from transformers import AutoConfig
-
     try:
-        hf_config = AutoConfig.from_pretrained(path)
+        hf_config = _hf_config(path)
         tokenizer = _tokenizer(path)
         return from_hf_config(hf_config, _eos_token_ids(path, hf_config, tokenizer)), tokenizer
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, AttributeError) as exc:  # AttributeError: a field missing
         raise ModelLoadError(f"cannot load model from {path}: {exc}") from exc
 
 
