@@ -1,6 +1,11 @@
-"""Greedy output must be token-identical to Hugging Face generate (fp32, one prompt at a time)."""
+"""Greedy output against Hugging Face generate (fp32, one prompt at a time). The engine's
+quantized matmuls round a decode step's activations (docs/quantization.md), so where HF's
+two likeliest tokens lie within that rounding's logprob error of each other the engine may
+take the other one: at most one prompt of the nine may part from HF, and only at such a
+tie (issue 18: at least 8 of 9 whole)."""
 import pytest
 import torch
+from logprob_tolerance import logprob_tolerance
 from transformers import AutoModelForCausalLM
 
 from engine import SamplingParams
@@ -26,6 +31,8 @@ MAX_NEW = 24
 
 @pytest.fixture(scope="module")
 def hf_outputs(llm):
+    """Per prompt: HF's greedy tokens, and at each the gap between its two likeliest
+    tokens' logprobs."""
     model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32)
     model.eval()
     outs = []
@@ -33,14 +40,34 @@ def hf_outputs(llm):
         for prompt in PROMPTS:
             ids = torch.tensor([llm.tokenizer.encode(prompt)])
             gen = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)
-            outs.append(gen[0, ids.shape[1]:].tolist())
+            n = ids.shape[1]
+            logprobs = torch.log_softmax(model(gen).logits[0, n - 1:-1], -1)
+            top2 = logprobs.topk(2).values
+            outs.append((gen[0, n:].tolist(), (top2[:, 0] - top2[:, 1]).tolist()))
     return outs
+
+
+def first_difference(ours: list[int], theirs: list[int]) -> int | None:
+    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    if same is None and len(ours) != len(theirs):
+        return min(len(ours), len(theirs))
+    return same
 
 
 def test_greedy_matches_hf_generate_batched(llm, hf_outputs):
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_NEW, temperature=0.0))
     assert len({len(llm.tokenizer.encode(p)) for p in PROMPTS}) >= 8  # different lengths
-    for prompt, ours, theirs in zip(PROMPTS, outs, hf_outputs):
-        assert ours.token_ids == theirs, prompt
+    # a flip needs the two tokens' logprobs each off by up to the tolerance
+    tie = 2 * logprob_tolerance()
+    parted = []
+    for prompt, ours, (theirs, gaps) in zip(PROMPTS, outs, hf_outputs):
+        at = first_difference(ours.token_ids, theirs)
+        if at is not None:
+            parted.append(prompt)
+            assert at < len(theirs) and gaps[at] <= tie, (
+                f"{prompt!r} parts from HF at token {at}, not at a tie: {ours.token_ids} "
+                f"vs {theirs}")
+            continue
         expected_reason = "length" if len(theirs) == MAX_NEW and theirs[-1] != 2 else "stop"
         assert ours.finish_reason == expected_reason
+    assert len(parted) <= 1, parted
