@@ -266,8 +266,9 @@ inline __m128i to_int8(__m256 a, __m256 b) {
 
 }  // namespace
 
-// portable::quantize_row's arithmetic on 8 lanes: the same levels bit for bit (round to
-// nearest even, the same multiplies); sums are added in another order.
+// portable::quantize_row's arithmetic on 8 lanes, up to the levels the dots read: the same
+// levels bit for bit (round to nearest even, the same multiplies); sums are added in another
+// order.
 void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
                   float* d, float* sums) {
   const __m256 per_level = _mm256_set1_ps(float(1 << kLevelShift));
@@ -284,7 +285,7 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int
     const int64_t at = lohi_index(b);
     for (int h = 0; h < 2; ++h) {  // the block's halves: 16 bytes of the lo, then the hi run
       __m256 lo = _mm256_mul_ps(v[2 * h], inv), hi = _mm256_mul_ps(v[2 * h + 1], inv);
-      for (int level = 0; level < kLevels; ++level) {
+      for (int level = 0; level < kSimdLevels; ++level) {
         const __m256 qlo = _mm256_round_ps(lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m256 qhi = _mm256_round_ps(hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(p + level * stride + at + 64 * h),

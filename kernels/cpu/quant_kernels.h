@@ -26,9 +26,9 @@
 // exact integer dots, one float scale per block. With one int8 level (llama.cpp's Q8_1)
 // greedy output matched Hugging Face's fp32 on 3 of 9 parity prompts, with two on 8 of 9
 // (the ninth parts at a 3e-4 tie of HF's top two) and logprobs off by 4e-3; three keep 9 of
-// 9 and logprobs within 1e-4 of fp32 activations'. The AVX2
-// and AVX-512 dots pay a pass of multiplies per level and read only the first two
-// (kSimdLevels: on AVX2 10% less time per decode matmul, Zen 3); portable reads all three.
+// 9 and logprobs within 1e-4 of fp32 activations'. The AVX2 and AVX-512 dots pay a pass of
+// multiplies per level and read only the first two (kSimdLevels: on AVX2 10% less time per
+// decode matmul, Zen 3); portable reads all three.
 // The offsets multiply the exact fp32 sum of x over each sub-block.
 #pragma once
 
@@ -87,8 +87,8 @@ namespace portable { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
 namespace avx2 { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
 namespace avx512 { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
 
-// One row of x [k] -> its int8 levels (level l at p + l * stride, lo/hi order within each
-// group), and per sub-block the block's d / 128^2 and the exact sum of x. Padding blocks
+// One row of x [k] -> the int8 levels its dots read (level l at p + l * stride, lo/hi order
+// within each group: portable all kLevels, AVX2 and AVX-512 the first kSimdLevels), and per sub-block the block's d / 128^2 and the exact sum of x. Padding blocks
 // (past k) get zeros; a block holding NaN or inf gets d = NaN, so its outputs are NaN as
 // fp32 arithmetic would make them.
 namespace portable {

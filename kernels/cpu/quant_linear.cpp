@@ -30,10 +30,10 @@ constexpr int64_t kDenseRows = 256, kDenseChunkFloats = int64_t(1) << 20;
 // AVX2 has no VNNI, so its int8 dots' cost grows with the rows faster than that of
 // unpacking each weight row to fp32 once into cache-sized scratch and multiplying it by the
 // exact fp32 rows with fmas (avx2::gemm_unpacked), which wins from a dozen rows on (a
-// batched decode step). 2 threads, AMD EPYC Zen 3, two-level int8 path /
-// unpacked, at 8 / 10 / 12 / 13 / 14 / 16 rows: 3072x576 Q4_1 0.75 / 0.85 / 0.94 / 1.03 /
-// 1.11 / 1.22; 576x1536 Q4_1 0.69 / 0.69 / 0.78 / 0.88 / 0.95 / 1.07; 49152x576 Q8_0 0.71 /
-// 0.87 / 1.04 / 1.04 / 1.12 / 1.19; hence 12 (8 when the dots read three levels).
+// batched decode step). 2 threads, AMD EPYC Zen 3, two-level int8 path / unpacked, at
+// 8 / 10 / 12 / 13 / 14 / 16 rows: 3072x576 Q4_1 0.75 / 0.85 / 0.94 / 1.03 / 1.11 / 1.22;
+// 576x1536 Q4_1 0.69 / 0.69 / 0.78 / 0.88 / 0.95 / 1.07; 49152x576 Q8_0 0.71 / 0.87 /
+// 1.04 / 1.04 / 1.12 / 1.19; hence 12 (8 when the dots read three levels).
 constexpr int64_t kAvx2UnpackedRows = 12;
 
 // The first row count at which an instruction set's path takes x as exact fp32 instead of

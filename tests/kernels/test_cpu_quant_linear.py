@@ -1,8 +1,9 @@
 """The weight-only quantized matmul (kernels/cpu/quant_*.cpp) against dequantize-then-matmul:
 every GGUF format the loader keeps packed, every instruction-set path (each forced in turn;
-AVX-512 emulated in portable C where this CPU lacks it), decode's one row and batched rows past every tile edge, odd output counts,
-in_features that are not whole groups of 128, bias, the embedding lookup, the regrouped
-layout against gguf's own dequantization, and bad arguments."""
+AVX-512 emulated in portable C where this CPU lacks it), decode's one row and batched rows
+past every tile edge, odd output counts, in_features that are not whole groups of 128, bias,
+the embedding lookup, the regrouped layout against gguf's own dequantization, and bad
+arguments."""
 
 import numpy as np
 import pytest
