@@ -3,7 +3,7 @@ import torch
 
 from engine import SamplingParams
 from engine.request import Request
-from engine.sampler import Sampler, apply_penalties, filtered_probs
+from engine.sampler import Sampler, apply_penalties, argmax_rows, filtered_probs
 
 PROMPT = "My favourite fruit is"
 
@@ -130,6 +130,23 @@ def test_exponential_race_draws_follow_the_distribution():
     reqs = [Request(f"r{i}", [1], SamplingParams(temperature=1.0, seed=i)) for i in range(3000)]
     counts = torch.bincount(torch.tensor(sampler.sample(logits, reqs)[0]), minlength=3) / 3000
     assert torch.allclose(counts, torch.tensor([0.6, 0.3, 0.1]), atol=0.04)
+
+
+def test_filtered_draws_follow_the_kept_distribution():
+    """top_k=2 over [0.5, 0.1, 0.3, 0.1]: 0.5/0.8 and 0.3/0.8, the others never."""
+    sampler = Sampler()
+    logits = torch.log(torch.tensor([[0.5, 0.1, 0.3, 0.1]])).repeat(4000, 1)
+    reqs = [Request(f"r{i}", [1], SamplingParams(top_k=2, seed=i)) for i in range(4000)]
+    counts = torch.bincount(torch.tensor(sampler.sample(logits, reqs)[0]), minlength=4) / 4000
+    assert counts[1] == 0 and counts[3] == 0
+    assert torch.allclose(counts, torch.tensor([0.625, 0.0, 0.375, 0.0]), atol=0.03)
+
+
+def test_argmax_rows_takes_the_first_of_ties_like_torch():
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [float("-inf"), -1.0, -1.0, -5.0]])
+    assert argmax_rows(x).tolist() == x.argmax(dim=-1).tolist() == [1, 1]
+    wide = torch.randn(3, 49152, generator=torch.Generator().manual_seed(1))[:, :40000]
+    assert torch.equal(argmax_rows(wide), wide.argmax(dim=-1))  # a strided view
 
 
 def test_ill_typed_stop_fields_name_the_field():

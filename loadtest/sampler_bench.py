@@ -1,0 +1,64 @@
+"""Time the sampler on CPU: one step's `Sampler.sample` for 1, 8 and 32 rows of a 49k
+vocabulary (SmolLM2's), greedy, `temperature: 1` and `top_p: 0.9`, and beside it the two
+sources of a row's Exp(1) noise the sampler could use (numpy's PCG64, which it does use on
+CPU, and torch's `exponential_`).
+
+    python -m loadtest.sampler_bench [--vocab 49152] [--repeats 200]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from engine.request import Request
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
+
+CASES = {"greedy": SamplingParams(temperature=0.0),
+         "temperature 1": SamplingParams(temperature=1.0),
+         "top_p 0.9": SamplingParams(temperature=0.7, top_p=0.9)}
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()  # warm
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def sample_ms(rows: int, params: SamplingParams, vocab: int, repeats: int) -> float:
+    sampler = Sampler()
+    requests = [Request(f"r{i}", [1], params) for i in range(rows)]
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 3
+    return median_ms(lambda: sampler.sample(logits.clone(), requests), repeats)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", type=int, default=49152)
+    parser.add_argument("--repeats", type=int, default=200)
+    args = parser.parse_args(argv)
+    print(f"torch threads {torch.get_num_threads()}, vocab {args.vocab}; median ms per call")
+    for rows in (1, 8, 32):
+        cells = [f"{name} {sample_ms(rows, p, args.vocab, args.repeats):.3f}"
+                 for name, p in CASES.items()]
+        print(f"Sampler.sample, {rows:2d} rows: " + ", ".join(cells))
+    numpy_gen = np.random.Generator(np.random.PCG64(0))
+    torch_gen = torch.Generator().manual_seed(0)
+    row = torch.empty(args.vocab)
+    numpy_ms = median_ms(lambda: numpy_gen.standard_exponential(out=row.numpy(),
+                                                                dtype=np.float32), args.repeats)
+    torch_ms = median_ms(lambda: row.exponential_(generator=torch_gen), args.repeats)
+    print(f"one row's Exp(1) noise: numpy PCG64 {numpy_ms:.3f}, torch exponential_ "
+          f"{torch_ms:.3f} ({torch_ms / numpy_ms:.1f}x numpy's)")
+
+
+if __name__ == "__main__":
+    main()
