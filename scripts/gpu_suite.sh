@@ -3,18 +3,24 @@
 # That machine has torch, transformers and triton but no internet: the kit that
 # scripts/gpu_kit.py builds here travels in .carry/ (wheels, and the default model's
 # tokenizer for dummy:NAME models, found through TOKENWIRE_CACHE_DIR).
-#   usage: bash scripts/gpu_suite.sh tests          collection, gpu tests, small shapes on CUDA
+#   usage: bash scripts/gpu_suite.sh all            everything below in one call, by value
+#          bash scripts/gpu_suite.sh tests          collection, gpu tests, small shapes on CUDA
 #          bash scripts/gpu_suite.sh kernels        the attention kernels' bench
 #          bash scripts/gpu_suite.sh bench MODEL    one dummy model per call (llama-3.2-1b, ...)
+#          bash scripts/gpu_suite.sh compare        online vs offline, prefix cache off vs on
 # Every step runs even if one before it failed; each step's full log is written to
 # $OUT/STEP.log and its exit code to $OUT/summary.txt; the script exits 1 if any failed.
+# SUITE_BUDGET_S (default 540, under the device tool's 600 s a command) bounds the whole
+# call: a step gets what is left of it (less 15 s to write the summary) and is stopped
+# there; a step with under 30 s left is not started. Either is a failure in the summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-what=${1:?usage: gpu_suite.sh tests|kernels|bench MODEL}
+what=${1:?usage: gpu_suite.sh all|tests|kernels|bench MODEL|compare}
 case $what in
-tests | kernels | bench) ;;
-*) echo "unknown step set: $what (tests, kernels or bench MODEL)" >&2; exit 2 ;;
+all | tests | kernels | bench | compare) ;;
+*) echo "unknown step set: $what (all, tests, kernels, bench MODEL or compare)" >&2; exit 2 ;;
 esac
+deadline=$((SECONDS + ${SUITE_BUDGET_S:-540}))
 out=${OUT:-$PWD/out}
 kit=${GPU_KIT:-$PWD/.carry}
 site=${GPU_KIT_SITE:-/tmp/tokenwire-kit}  # where the wheels are unpacked
@@ -32,18 +38,30 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=$site:$PWD
 failed=()
 
-step() {  # step NAME CMD...: run CMD, its output to the screen and $OUT/NAME.log
-    local name=$1 rc=0
+step() {  # step NAME CMD...: run CMD within the budget, its output to the screen and $OUT/NAME.log
+    local name=$1 rc=0 left=$((deadline - SECONDS - 15))
     shift
-    echo "=== $name: $*"
-    "$@" 2>&1 | tee "$out/$name.log" || rc=$?
-    echo "$name: exit $rc" | tee -a "$out/summary.txt"
+    if declare -F "$1" >/dev/null; then  # a function of this script (device): quick, always
+        echo "=== $name: $*"
+        "$@" 2>&1 | tee "$out/$name.log" || rc=$?
+    elif [ "$left" -lt 30 ]; then
+        echo "$name: not started, ${left}s of the budget left" | tee -a "$out/summary.txt"
+        failed+=("$name")
+        return
+    else
+        echo "=== $name (at most ${left}s): $*"
+        timeout -s INT -k 10 "$left" "$@" 2>&1 | tee "$out/$name.log" || rc=$?
+    fi
+    if [ "$rc" = 124 ]; then
+        echo "$name: stopped at the budget after ${left}s" | tee -a "$out/summary.txt"
+    else
+        echo "$name: exit $rc" | tee -a "$out/summary.txt"
+    fi
     if [ "$rc" != 0 ]; then failed+=("$name"); fi
 }
 
-pytest_run() {  # -rs: a skipped test on the GPU machine is a finding, so say why
-    python3 -m pytest -q -rs -p no:cacheprovider --timeout 480 "$@"
-}
+# -rs: a skipped test on the GPU machine is a finding, so say why
+PYTEST=(python3 -m pytest -q -rs -p no:cacheprovider --timeout 480)
 
 device() {  # the image's versions against what the kit's wheels need; what ran where
     local rc=0
@@ -54,27 +72,58 @@ triton.__version__, transformers.__version__, torch.cuda.get_device_name())" || 
     return $rc
 }
 
-step device device
-case $what in
-tests)
-    step gpu_tests pytest_run -m gpu tests
-    if grep -q " skipped" "$out/gpu_tests.log"; then  # on the GPU machine none may skip
+gpu_tests() {
+    step gpu_tests "${PYTEST[@]}" -m gpu tests
+    if grep -q " skipped" "$out/gpu_tests.log" 2>/dev/null; then  # on the GPU none may skip
         echo "gpu_tests: some skipped (the SKIPPED lines in gpu_tests.log say why)" \
             | tee -a "$out/summary.txt"
         failed+=("gpu_tests_skipped")
     fi
-    step cuda_small pytest_run -m "not gpu" tests/kernels/test_paged_decode_attention.py \
+}
+
+cuda_small() {
+    step cuda_small "${PYTEST[@]}" -m "not gpu" tests/kernels/test_paged_decode_attention.py \
         tests/kernels/test_paged_prefill_attention.py tests/kernels/test_pointwise.py \
         tests/kernels/test_store_kv_cache.py tests/engine/test_triton_backend.py
+}
+
+bench() {  # bench MODEL [JSON]: tokenwire bench with the HF peers on dummy:MODEL
+    local json=()
+    if [ -n "${2:-}" ]; then json=(--result-json "$2"); fi
+    step "bench_$1" python3 -m gateway.cli bench --model "dummy:$1" --dtype bfloat16 \
+        --num-prompts 256 --input-len 512 --output-len 256 --peers "${PEERS:-auto}" "${json[@]}"
+}
+
+compare() {  # issue 14's item 4, on the 1B shape: one log for both comparisons
+    step compare bash -c 'python3 -m loadtest.compare offline --model dummy:llama-3.2-1b \
+        --device cuda --dtype bfloat16 --concurrency 64,256 --input-len 512 --output-len 256 \
+        && python3 -m loadtest.compare prefix-cache --model dummy:llama-3.2-1b \
+        --device cuda --dtype bfloat16 --history-len 2048 --turns 3'
+}
+
+step device device
+case $what in
+all)  # most telling first; 8 logs, the most files a device call brings back
+    gpu_tests
+    bench llama-3.2-1b
+    step kernels_bench python3 -m kernels.bench
+    bench smollm2-135m
+    compare
+    cuda_small
+    ;;
+tests)
+    gpu_tests
+    cuda_small
     ;;
 kernels)
     step kernels_bench python3 -m kernels.bench
     ;;
 bench)
     model=${2:?usage: gpu_suite.sh bench MODEL (a dummy shape: llama-3.2-1b, smollm2-135m)}
-    step "bench_$model" python3 -m gateway.cli bench --model "dummy:$model" --dtype bfloat16 \
-        --num-prompts 256 --input-len 512 --output-len 256 --peers "${PEERS:-auto}" \
-        --result-json "$out/bench_$model.json"
+    bench "$model" "$out/bench_$model.json"
+    ;;
+compare)
+    compare
     ;;
 esac
 if [ ${#failed[@]} -gt 0 ]; then

@@ -3,6 +3,7 @@ keeps every step's exit code and full log under $OUT, and fails loudly. The kern
 step needs CUDA, so here it is the failing step."""
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -10,13 +11,16 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_suite.sh"
 
 
-def fake_kit(root: Path, requires: str = "pytest>=1") -> Path:
-    """A kit of one pure-python wheel (module kitprobe) and no tokenizer."""
+def fake_kit(root: Path, requires: str = "pytest>=1", extra: dict | None = None) -> Path:
+    """A kit of one pure-python wheel (module kitprobe, and the `extra` files) and no
+    tokenizer."""
     wheels = root / "wheels"
     wheels.mkdir(parents=True)
     info = "kitprobe-0.1.dist-info"
     with zipfile.ZipFile(wheels / "kitprobe-0.1-py3-none-any.whl", "w") as whl:
         whl.writestr("kitprobe.py", "ANSWER = 42\n")
+        for name, text in (extra or {}).items():
+            whl.writestr(name, text)
         whl.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: kitprobe\nVersion: 0.1\n"
                                         f"Requires-Dist: {requires}\n")
         whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
@@ -25,9 +29,10 @@ def fake_kit(root: Path, requires: str = "pytest>=1") -> Path:
     return root
 
 
-def run(tmp: Path, *args: str, kit: Path) -> subprocess.CompletedProcess:
+def run(tmp: Path, *args: str, kit: Path, **extra_env: str) -> subprocess.CompletedProcess:
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(tmp / "out"),
-           "GPU_KIT": str(kit), "GPU_KIT_SITE": str(tmp / "site"), "HOME": str(tmp)}
+           "GPU_KIT": str(kit), "GPU_KIT_SITE": str(tmp / "site"), "HOME": str(tmp),
+           **extra_env}
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -49,6 +54,35 @@ def test_a_kit_wheel_needing_a_newer_package_than_installed_is_reported(tmp_path
     run(tmp_path, "kernels", kit=fake_kit(tmp_path / "kit", requires="pytest>=999"))
     log = (tmp_path / "out" / "device.log").read_text()
     assert "kitprobe needs pytest>=999, found" in log
+
+
+def test_all_keeps_to_its_budget_and_names_each_step_it_did_not_start(tmp_path):
+    started = time.monotonic()
+    done = run(tmp_path, "all", kit=fake_kit(tmp_path / "kit"), SUITE_BUDGET_S="40")
+    assert time.monotonic() - started < 40
+    assert done.returncode == 1
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("device: exit ")  # 1 here: no nvidia-smi
+    not_started = [line.split(":")[0] for line in summary if "not started" in line]
+    assert not_started == ["gpu_tests", "bench_llama-3.2-1b", "kernels_bench",
+                           "bench_smollm2-135m", "compare", "cuda_small"]
+    assert summary[-1] == "FAILED: device " + " ".join(not_started)
+
+
+def test_a_step_past_the_budget_is_stopped_and_the_next_not_started(tmp_path):
+    """tests with a budget of 60 s: gpu_tests gets what is left less 15 s, and the kit
+    (ahead of the venv on the path) brings a pytest that never ends."""
+    kit = fake_kit(tmp_path / "kit", extra={"pytest/__init__.py": "",
+                                            "pytest/__main__.py": "import time\n"
+                                                                  "time.sleep(600)\n"})
+    started = time.monotonic()
+    done = run(tmp_path, "tests", kit=kit, SUITE_BUDGET_S="60")
+    assert time.monotonic() - started < 60
+    assert done.returncode == 1
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert summary[1].startswith("gpu_tests: stopped at the budget after ")
+    assert summary[2].startswith("cuda_small: not started")
+    assert summary[-1] == "FAILED: device gpu_tests cuda_small"  # device: no nvidia-smi
 
 
 def test_refuses_to_run_without_a_kit_or_with_an_unknown_step(tmp_path):
