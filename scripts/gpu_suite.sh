@@ -38,7 +38,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=$site:$PWD
 failed=()
 
-step() {  # step NAME CMD...: run CMD within the budget, its output to the screen and $OUT/NAME.log
+step() {  # step NAME CMD...: CMD within the budget, output to the screen and $OUT/NAME.log
     local name=$1 rc=0 left=$((deadline - SECONDS - 15))
     shift
     if declare -F "$1" >/dev/null; then  # a function of this script (device): quick, always
