@@ -74,7 +74,11 @@ class Sampler:
         if gen is None:
             gen = self._generators[request.request_id] = self._new_generator(request, row.device)
         if isinstance(gen, np.random.Generator):
-            gen.standard_exponential(out=row.numpy(), dtype=np.float32)
+            noise = row.numpy()
+            gen.standard_exponential(out=noise, dtype=np.float32)
+            # numpy's float32 draws include 0 (twice in 20M here): p / 0 for a forbidden
+            # token (p = 0) is NaN, which argmax would pick. torch's draws are never 0.
+            np.maximum(noise, np.finfo(np.float32).tiny, out=noise)
         else:
             row.exponential_(generator=gen)
 
