@@ -39,19 +39,18 @@ export PYTHONPATH=$site:$PWD
 failed=()
 
 step() {  # step NAME CMD...: CMD within the budget, output to the screen and $OUT/NAME.log
-    local name=$1 rc=0 left=$((deadline - SECONDS - 15))
+    local name=$1 rc=0 left=$((deadline - SECONDS - 15)) limit=()
     shift
-    if declare -F "$1" >/dev/null; then  # a function of this script (device): quick, always
-        echo "=== $name: $*"
-        "$@" 2>&1 | tee "$out/$name.log" || rc=$?
-    elif [ "$left" -lt 30 ]; then
-        echo "$name: not started, ${left}s of the budget left" | tee -a "$out/summary.txt"
-        failed+=("$name")
-        return
-    else
-        echo "=== $name (at most ${left}s): $*"
-        timeout -s INT -k 10 "$left" "$@" 2>&1 | tee "$out/$name.log" || rc=$?
+    if ! declare -F "$1" >/dev/null; then  # this script's own functions (device) are quick
+        if [ "$left" -lt 30 ]; then
+            echo "$name: not started, ${left}s of the budget left" | tee -a "$out/summary.txt"
+            failed+=("$name")
+            return
+        fi
+        limit=(timeout -s INT -k 10 "$left")
     fi
+    echo "=== $name${limit:+ (at most ${left}s)}: $*"
+    "${limit[@]}" "$@" 2>&1 | tee "$out/$name.log" || rc=$?
     if [ "$rc" = 124 ]; then
         echo "$name: stopped at the budget after ${left}s" | tee -a "$out/summary.txt"
     else
@@ -95,11 +94,12 @@ bench() {  # bench MODEL [JSON]: tokenwire bench with the HF peers on dummy:MODE
         --num-prompts 256 --input-len 512 --output-len 256 --peers "${PEERS:-auto}" "${json[@]}"
 }
 
-compare() {  # issue 14's item 4, on the 1B shape: one log for both comparisons
+compare() {  # issue 14's item 4, on the 1B shape: one log for both, both run, either fails it
     step compare bash -c 'python3 -m loadtest.compare offline --model dummy:llama-3.2-1b \
-        --device cuda --dtype bfloat16 --concurrency 64,256 --input-len 512 --output-len 256 \
-        && python3 -m loadtest.compare prefix-cache --model dummy:llama-3.2-1b \
-        --device cuda --dtype bfloat16 --history-len 2048 --turns 3'
+        --device cuda --dtype bfloat16 --concurrency 64,256 --input-len 512 --output-len 256
+        offline=$?
+        python3 -m loadtest.compare prefix-cache --model dummy:llama-3.2-1b \
+        --device cuda --dtype bfloat16 --history-len 2048 --turns 3 && exit $offline'
 }
 
 step device device
