@@ -57,7 +57,10 @@ class ServerProcess:
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.ready_timeout_s
         while http_get(f"{self.base}/ready", timeout=2.0)[0] != 200:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            # /health answers 503 only once loading has failed (or the engine died): the
+            # process stays up to say so, and would never become ready
+            failed = http_get(f"{self.base}/health", timeout=2.0)[0] == 503
+            if failed or self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"tokenwire serve did not become ready:\n{self.log_tail()}")
             time.sleep(0.5)
