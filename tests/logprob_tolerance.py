@@ -2,7 +2,8 @@
 forward pass of the same weights) on this CPU. Its quantized matmuls round a decode step's
 activations to int8 levels: three keep logprobs within 1e-4; the AVX2 and AVX-512 dots read
 two, measured within 4.4e-3 (chosen and top-5 logprobs, 9 prompts x 32 tokens:
-docs/quantization.md), so 1e-2 there. Asked inside a test, never while collecting: it builds the kernels."""
+docs/quantization.md), so 1e-2 there. Asked inside a test, never while collecting: it builds
+the kernels."""
 import functools
 
 import kernels.cpu as cpu_kernels

@@ -88,9 +88,10 @@ namespace avx2 { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
 namespace avx512 { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
 
 // One row of x [k] -> the int8 levels its dots read (level l at p + l * stride, lo/hi order
-// within each group: portable all kLevels, AVX2 and AVX-512 the first kSimdLevels), and per sub-block the block's d / 128^2 and the exact sum of x. Padding blocks
-// (past k) get zeros; a block holding NaN or inf gets d = NaN, so its outputs are NaN as
-// fp32 arithmetic would make them.
+// within each group: portable all kLevels, AVX2 and AVX-512 the first kSimdLevels), and per
+// sub-block the block's d / 128^2 and the exact sum of x. Padding blocks (past k) get zeros;
+// a block holding NaN or inf gets d = NaN, so its outputs are NaN as fp32 arithmetic would
+// make them.
 namespace portable {
 void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int64_t stride,
                   float* d, float* sums);
