@@ -25,6 +25,9 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, proc, timeout: fl
             async with session.get(url + "/ready") as r:
                 if r.status == 200:
                     return
+            async with session.get(url + "/health") as r:
+                # 503: loading failed; the process stays up to say so
+                assert r.status != 503, "tokenwire serve failed to load its model"
         except aiohttp.ClientConnectionError:
             pass  # not listening yet
         await asyncio.sleep(0.2)

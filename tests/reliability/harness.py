@@ -77,6 +77,9 @@ class ServerProcess:
                     pass
                 if _http_status(self.port, "/ready") == 200:
                     return
+                # 503 on /health: loading failed; the process stays up to say so
+                if _http_status(self.port, "/health") == 503:
+                    raise RuntimeError(f"server failed to load:\n{self.log()}")
             except OSError:
                 pass
             time.sleep(0.25)
