@@ -12,6 +12,8 @@ Results stay on the device until one host copy per step.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 
@@ -33,6 +35,7 @@ class Sampler:
         self._generators: dict[str, torch.Generator | np.random.Generator] = {}
         self._unseeded = 0
         self._masks = TokenMasks()
+        self._noise_pool: ThreadPoolExecutor | None = None  # CPU noise beside the caller
 
     def sample(self, logits: torch.Tensor, requests: list[Request]
                ) -> tuple[list[int], list[TokenLogprob | None]]:
@@ -60,27 +63,40 @@ class Sampler:
         greedy = torch.tensor([r.params.greedy for r in requests], device=logits.device)
         probs = filtered_probs(logits, [r.params for r in requests])
         noise = torch.ones_like(probs)  # greedy rows draw nothing
-        for row, request in zip(noise, requests):
-            if not request.params.greedy:
-                self._draw_noise(row, request)
+        self.draw_noise([(row, self._generator(request, row.device))
+                          for row, request in zip(noise, requests) if not request.params.greedy])
         drawn = argmax_rows(probs / noise)
         return torch.where(greedy, argmax_rows(logits), drawn)
 
-    def _draw_noise(self, row: torch.Tensor, request: Request) -> None:
-        """Fills `row` with Exp(1) draws from the request's own generator. On CPU numpy's
+    def draw_noise(self, rows: list[tuple[torch.Tensor, torch.Generator | np.random.Generator]]
+                    ) -> None:
+        """Fills each row with Exp(1) draws from its request's own generator. On CPU numpy's
         (ziggurat, written in place): torch's CPU exponential_ takes a logarithm per entry,
-        one at a time, 3-5x as long for a 49k vocabulary (python -m loadtest.sampler_bench)."""
+        one at a time, 3-5x as long for a 49k vocabulary (python -m loadtest.sampler_bench).
+        numpy releases the GIL while it fills a row, so on CPU the rows are split over
+        torch's threads (the noise was most of a 32-row step's sampling); a row's draws
+        come from its own generator whichever thread makes them, so results do not change."""
+        if not rows or rows[0][0].device.type != "cpu":
+            for row, gen in rows:
+                row.exponential_(generator=gen)
+            return
+        parts = min(torch.get_num_threads(), len(rows))
+        if parts == 1:
+            return exponential_rows(rows)
+        if self._noise_pool is None:
+            self._noise_pool = ThreadPoolExecutor(torch.get_num_threads() - 1,
+                                                  thread_name_prefix="sampler-noise")
+        helpers = [self._noise_pool.submit(exponential_rows, rows[i::parts])
+                   for i in range(1, parts)]
+        exponential_rows(rows[0::parts])  # the caller draws a share too
+        for helper in helpers:
+            helper.result()
+
+    def _generator(self, request: Request, device: torch.device):
         gen = self._generators.get(request.request_id)
         if gen is None:
-            gen = self._generators[request.request_id] = self._new_generator(request, row.device)
-        if isinstance(gen, np.random.Generator):
-            noise = row.numpy()
-            gen.standard_exponential(out=noise, dtype=np.float32)
-            # numpy's float32 draws include 0 (twice in 20M here): p / 0 for a forbidden
-            # token (p = 0) is NaN, which argmax would pick. torch's draws are never 0.
-            np.maximum(noise, np.finfo(np.float32).tiny, out=noise)
-        else:
-            row.exponential_(generator=gen)
+            gen = self._generators[request.request_id] = self._new_generator(request, device)
+        return gen
 
     def _new_generator(self, request: Request, device: torch.device):
         seed = request.params.seed
@@ -90,6 +106,16 @@ class Sampler:
         if device.type == "cpu":
             return np.random.Generator(np.random.PCG64(seed))
         return torch.Generator(device=device).manual_seed(seed)
+
+
+def exponential_rows(rows: list[tuple[torch.Tensor, np.random.Generator]]) -> None:
+    """Exp(1) draws into each CPU row from its generator, on the calling thread."""
+    for row, gen in rows:
+        noise = row.numpy()
+        gen.standard_exponential(out=noise, dtype=np.float32)
+        # numpy's float32 draws include 0 (twice in 20M here): p / 0 for a forbidden
+        # token (p = 0) is NaN, which argmax would pick. torch's draws are never 0.
+        np.maximum(noise, np.finfo(np.float32).tiny, out=noise)
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:

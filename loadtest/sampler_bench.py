@@ -1,7 +1,8 @@
 """Time the sampler on CPU: one step's `Sampler.sample` for 1, 8 and 32 rows of a 49k
 vocabulary (SmolLM2's), greedy, `temperature: 1` and `top_p: 0.9`, and beside it the two
 sources of a row's Exp(1) noise the sampler could use (numpy's PCG64, which it does use on
-CPU, and torch's `exponential_`).
+CPU, and torch's `exponential_`), and 32 rows' noise drawn on one thread against split over
+torch's threads as the sampler draws it.
 
     python -m loadtest.sampler_bench [--vocab 49152] [--repeats 200]
 """
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 
 from engine.request import Request
-from engine.sampler import Sampler
+from engine.sampler import Sampler, exponential_rows
 from engine.sampling_params import SamplingParams
 
 CASES = {"greedy": SamplingParams(temperature=0.0),
@@ -58,6 +59,13 @@ def main(argv: list[str] | None = None) -> None:
     torch_ms = median_ms(lambda: row.exponential_(generator=torch_gen), args.repeats)
     print(f"one row's Exp(1) noise: numpy PCG64 {numpy_ms:.3f}, torch exponential_ "
           f"{torch_ms:.3f} ({torch_ms / numpy_ms:.1f}x numpy's)")
+    noise = torch.empty(32, args.vocab)
+    rows = [(noise[i], np.random.Generator(np.random.PCG64(i))) for i in range(32)]
+    one_ms = median_ms(lambda: exponential_rows(rows), args.repeats)
+    sampler = Sampler()
+    split_ms = median_ms(lambda: sampler.draw_noise(rows), args.repeats)
+    print(f"32 rows' Exp(1) noise: one thread {one_ms:.3f}, split over "
+          f"{torch.get_num_threads()} threads {split_ms:.3f} ({one_ms / split_ms:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -171,3 +171,20 @@ def test_ill_typed_stop_fields_name_the_field():
             SamplingParams(**kw)
         assert err.value.field == field
     assert SamplingParams(stop="x").stop == ["x"]
+
+
+def test_noise_split_over_threads_draws_each_rows_own_sequence():
+    """7 seeded rows drawn together, their noise split over 2 threads, sample what each
+    row sampled alone: a row's draws come from its own generator whichever thread draws."""
+    logits = torch.randn(7, 49152, generator=torch.Generator().manual_seed(2)) * 3
+    params = [SamplingParams(temperature=1.0, seed=s) for s in (11, 12, 13, 14, 15, 16, 17)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        together = Sampler().sample(logits.clone(), [Request(f"r{i}", [1], p)
+                                                     for i, p in enumerate(params)])[0]
+    finally:
+        torch.set_num_threads(threads)
+    alone = [Sampler().sample(logits[i:i + 1].clone(), [Request("a", [1], p)])[0][0]
+             for i, p in enumerate(params)]
+    assert together == alone
