@@ -22,9 +22,12 @@ from engine.logprobs import LogprobRows, TokenLogprob
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
-# top-p looks at this many most likely tokens first; a row whose nucleus is wider (rare)
-# falls back to sorting its whole vocabulary.
-TOP_P_CANDIDATES = 1024
+# On CPU top-p looks at a row's 64 most likely tokens first, then at its 1024 where those
+# do not hold the nucleus, and sorts the whole vocabulary only where 1024 do not either.
+# SmolLM2-135M writing a story: the 0.9 nucleus held 64 or fewer tokens at 99% of steps at
+# temperature 0.7 and at 80% at 1.0, and 1024 or fewer at 99.6% (topk(64) of 32 rows of 49k
+# took 2.5 ms here, topk(1024) 9 ms, a sort ~25 ms).
+TOP_P_CANDIDATES = (64, 1024)
 
 
 class Sampler:
@@ -172,13 +175,29 @@ def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     if probs.is_cuda:  # a full sort is cheap there, and the shortcut's check would sync
         return _nucleus(probs, top_p, *probs.sort(dim=-1, descending=True))
     # on CPU sorting 50k-150k entries per row dominates sampling: try candidates first
-    values, order = probs.topk(min(TOP_P_CANDIDATES, probs.shape[-1]), dim=-1)
+    values, order = _most_likely(probs, TOP_P_CANDIDATES[0])
     kept = _nucleus(probs, top_p, values, order)
-    wide = (values.sum(dim=-1) < top_p[:, 0]).nonzero().flatten().tolist()
-    if wide:  # nuclei wider than the candidates: sort those rows' whole vocabulary
+    wide = _short_of(values, top_p, torch.arange(probs.shape[0]))
+    for width in (*TOP_P_CANDIDATES[1:], None):  # None: the whole vocabulary
+        if wide.numel() == 0:
+            break
         rows = probs[wide]
-        kept[wide] = _nucleus(rows, top_p[wide], *rows.sort(dim=-1, descending=True))
+        values, order = _most_likely(rows, width)
+        kept[wide] = _nucleus(rows, top_p[wide], values, order)
+        wide = _short_of(values, top_p[wide], wide) if width else wide[:0]
     return kept
+
+
+def _most_likely(probs: torch.Tensor, width: int | None):
+    """Each row's `width` largest values and their indices, descending (None: all)."""
+    if width is None or width >= probs.shape[-1]:
+        return probs.sort(dim=-1, descending=True)
+    return probs.topk(width, dim=-1)
+
+
+def _short_of(values: torch.Tensor, top_p: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The rows whose candidates (values) hold less than their top_p of the mass."""
+    return rows[values.sum(dim=-1) < top_p[:, 0]]
 
 
 def _nucleus(probs, top_p, values, order) -> torch.Tensor:

@@ -56,9 +56,10 @@ struct Heads {
   int64_t begin, end;
 };
 
-// The quant module's exports, once handed over (use_quant_exports): decode attention then
-// runs on its worker pool, whose threads start in a microsecond instead of OpenMP's 30-50
-// us wake-up (which would cost more than splitting a batch-1 sequence's heads saves).
+// The quant module's exports, once handed over (use_quant_exports): decode attention and
+// the row-wise ops then run on its worker pool, whose threads start in a microsecond
+// instead of OpenMP's 30-50 us wake-up (which would cost more than splitting a batch-1
+// sequence's heads saves) and leave no OpenMP thread spinning beside the matmuls.
 std::atomic<const tokenwire::QuantExports*> quant_exports{nullptr};
 
 // fn(c) for every c in [0, chunks), on the worker pool or else OpenMP's threads.
@@ -72,6 +73,13 @@ void parallel_chunks(int64_t chunks, const F& fn) {
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) fn(c);
   });
+}
+
+// tokenwire::for_row_chunks on parallel_chunks' threads.
+template <class F>
+void parallel_rows(int64_t rows, int64_t floats_per_row, const F& fn) {
+  tokenwire::for_row_chunks(rows, floats_per_row,
+                            [](int64_t chunks, const auto& g) { parallel_chunks(chunks, g); }, fn);
 }
 
 // Query heads `heads` of one sequence against its paged context, head_dim D, one KV
@@ -291,7 +299,7 @@ void store_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Te
   float* kc = k_cache.data_ptr<float>();
   float* vc = v_cache.data_ptr<float>();
   const int64_t k_stride = k.stride(0), v_stride = v.stride(0);
-  at::parallel_for(0, tokens, 256, [&](int64_t begin, int64_t end) {
+  parallel_rows(tokens, 2 * row, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       if (slots[t] < 0) continue;
       std::copy_n(kp + t * k_stride, row, kc + slots[t] * row);
@@ -323,7 +331,7 @@ std::vector<torch::Tensor> rms_norm(torch::Tensor x_in, torch::Tensor weight, do
   float* np = add ? new_residual.data_ptr<float>() : nullptr;
   const float* wp = weight.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  parallel_rows(rows, add ? 3 * dim : dim, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = xp + r * dim;
       if (add) {
@@ -356,7 +364,7 @@ void rotary(torch::Tensor x, torch::Tensor positions, torch::Tensor cos_sin_cach
   const int64_t* pos = positions.data_ptr<int64_t>();
   float* xp = x.data_ptr<float>();
   const float* cache = cos_sin_cache.data_ptr<float>();
-  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+  parallel_rows(tokens, heads * dim, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* cos = cache + pos[t] * dim;
       for (int64_t h = 0; h < heads; ++h)
@@ -389,7 +397,7 @@ torch::Tensor qkv_rope_store(torch::Tensor qkv, torch::Tensor positions,
   const float* src = qkv.data_ptr<float>();
   const float* cache = cos_sin_cache.data_ptr<float>();
   float *qp = q.data_ptr<float>(), *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
-  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+  parallel_rows(tokens, qkv.size(1), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* cos = cache + pos[t] * dim;
       const float* in = src + t * qkv.size(1);
@@ -430,7 +438,7 @@ torch::Tensor silu_and_mul(torch::Tensor x_in) {
   torch::Tensor out = torch::empty({rows, inter}, x.options());
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+  parallel_rows(rows, 2 * inter, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* gate = xp + r * 2 * inter;
       const float* up = gate + inter;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common.h"
 #include "quant_exports.h"
 #include "quant_kernels.h"
 #include "worker_pool.h"
@@ -58,6 +59,14 @@ int64_t best_isa() {
   for (int64_t isa : {kAvx512, kAvx2})
     if (isa_supported(isa)) return isa;
   return kPortable;
+}
+
+// tokenwire::for_row_chunks (common.h) on the worker pool.
+template <class F>
+void pool_rows(int64_t rows, int64_t floats_per_row, const F& fn) {
+  for_row_chunks(rows, floats_per_row, [](int64_t chunks, const auto& g) {
+    WorkerPool::instance().run(chunks, at::get_num_threads(), g);
+  }, fn);
 }
 
 // The weight's tensors -> Weights, checked against each other and against in_features k.
@@ -117,7 +126,7 @@ Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa,
                        : isa == kAvx2 ? avx2::quantize_row
                                       : portable::quantize_row;
   int16_t* x12p = x12 ? words.data() : nullptr;
-  at::parallel_for(0, m, 64, [&](int64_t begin, int64_t end) {
+  pool_rows(m, k, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       quantize_row(xp + r * k, k, kp, sub, p + r * kp, m * kp, d + r * subs, sums + r * subs);
       if (!x12p) continue;
@@ -220,7 +229,7 @@ at::Tensor quant_embedding(const at::Tensor& ids, const at::Tensor& codes, const
     TORCH_CHECK(ip[i] >= 0 && ip[i] < w.n, "token id ", ip[i], " out of range");
   at::Tensor out = at::empty({t, k}, at::TensorOptions().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, t, 16, [&](int64_t begin, int64_t end) {
+  pool_rows(t, k, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const WeightRow row = weight_row(w, ip[i]);
       for (int64_t j = 0; j < k; ++j) {

@@ -118,14 +118,18 @@ def test_decode_attention_rejects_bad_arguments(gen, kernels):
                                        v_cache, tables, lens, 1.0)
 
 
-def test_store_kv_writes_strided_rows_to_their_slots_and_skips_padding(gen, kernels):
+# Rows: a decode step's few, on the calling thread, and a prefill's many, in chunks of at
+# least common.h's kMinChunkFloats over the worker pool (the last chunk shorter).
+@pytest.mark.parametrize("tokens", [7, 301])
+def test_store_kv_writes_strided_rows_to_their_slots_and_skips_padding(gen, kernels, tokens):
     # k and v as the model has them: views into one fused qkv row per token (strided).
-    qkv = randn(gen, 7, (4 + 2 + 2) * 64, dtype=torch.float32, device="cpu")
-    k = qkv[:, 4 * 64:6 * 64].view(7, 2, 64)
-    v = qkv[:, 6 * 64:].view(7, 2, 64)
-    slots = torch.randperm(5 * 4, generator=gen)[:7]
+    qkv = randn(gen, tokens, (4 + 2 + 2) * 64, dtype=torch.float32, device="cpu")
+    k = qkv[:, 4 * 64:6 * 64].view(tokens, 2, 64)
+    v = qkv[:, 6 * 64:].view(tokens, 2, 64)
+    blocks = (tokens + 13) // 4  # a few slots to spare
+    slots = torch.randperm(blocks * 4, generator=gen)[:tokens]
     slots[3] = -1  # padding: not stored
-    shape = (5, 4, 2, 64)
+    shape = (blocks, 4, 2, 64)
     k_cache, v_cache = (randn(gen, *shape, dtype=torch.float32, device="cpu") for _ in range(2))
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     kept = slots >= 0
@@ -154,7 +158,7 @@ def test_store_kv_rejects_bad_arguments(gen, kernels):
     assert not k_cache.any() and not v_cache.any()  # nothing written by a refused call
 
 
-@pytest.mark.parametrize("shape", [(5, 96), (33, 576), (7, 3, 64)])
+@pytest.mark.parametrize("shape", [(5, 96), (33, 576), (7, 3, 64), (301, 576)])
 def test_rms_norm_matches_torch_ops(gen, kernels, shape):
     x, residual = (randn(gen, *shape, dtype=torch.float32, device="cpu") for _ in range(2))
     weight = randn(gen, shape[-1], dtype=torch.float32, device="cpu")
@@ -166,33 +170,36 @@ def test_rms_norm_matches_torch_ops(gen, kernels, shape):
     assert_close(out, out_ref)
 
 
-def test_rotary_matches_torch_ops_in_place(gen, kernels):
+@pytest.mark.parametrize("tokens", [11, 301])
+def test_rotary_matches_torch_ops_in_place(gen, kernels, tokens):
     cache = build_cos_sin_cache(512, 64, 10000.0, None, torch.float32, "cpu")
-    positions = torch.randint(0, 512, (11,), generator=gen)
-    q, k = randn(gen, 11, 9, 64, dtype=torch.float32, device="cpu"), \
-        randn(gen, 11, 3, 64, dtype=torch.float32, device="cpu")
+    positions = torch.randint(0, 512, (tokens,), generator=gen)
+    q, k = randn(gen, tokens, 9, 64, dtype=torch.float32, device="cpu"), \
+        randn(gen, tokens, 3, 64, dtype=torch.float32, device="cpu")
     q_ref, k_ref = q.clone(), k.clone()
     CpuOps(kernels).rotary(q, k, positions, cache)
     TorchOps.rotary(q_ref, k_ref, positions, cache)
     assert_close(q, q_ref)
     assert_close(k, k_ref)
     with pytest.raises(RuntimeError, match="out of range"):
-        kernels.rotary(q, torch.full((11,), 512), cache)
+        kernels.rotary(q, torch.full((tokens,), 512), cache)
 
 
-def test_qkv_rope_store_matches_split_rotary_and_store(gen, kernels):
+@pytest.mark.parametrize("tokens", [7, 301])
+def test_qkv_rope_store_matches_split_rotary_and_store(gen, kernels, tokens):
     """The fused path from the qkv projection: the same q, and the same cache contents, as
     splitting it, rotating q and k (TorchOps) and storing k/v (TorchAttention)."""
     heads, kv_heads, dim = 9, 3, 64
     cache = build_cos_sin_cache(512, dim, 10000.0, None, torch.float32, "cpu")
-    qkv = randn(gen, 7, (heads + 2 * kv_heads) * dim, dtype=torch.float32, device="cpu")
-    positions = torch.randint(0, 512, (7,), generator=gen)
-    slots = torch.randperm(5 * 4, generator=gen)[:7]
+    qkv = randn(gen, tokens, (heads + 2 * kv_heads) * dim, dtype=torch.float32, device="cpu")
+    positions = torch.randint(0, 512, (tokens,), generator=gen)
+    blocks = (tokens + 13) // 4
+    slots = torch.randperm(blocks * 4, generator=gen)[:tokens]
     slots[2] = -1  # padding: not stored
-    shape = (5, 4, kv_heads, dim)
+    shape = (blocks, 4, kv_heads, dim)
     k_cache, v_cache = (randn(gen, *shape, dtype=torch.float32, device="cpu") for _ in range(2))
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    q, k, v = (t.reshape(7, -1, dim).clone()
+    q, k, v = (t.reshape(tokens, -1, dim).clone()
                for t in qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1))
     TorchOps.rotary(q, k, positions, cache)
     kept = slots >= 0
@@ -202,11 +209,13 @@ def test_qkv_rope_store_matches_split_rotary_and_store(gen, kernels):
     assert_close(k_cache, k_ref)
     assert torch.equal(v_cache, v_ref)
     with pytest.raises(RuntimeError, match="out of range"):
-        kernels.qkv_rope_store(qkv, torch.full((7,), 512), cache, k_cache, v_cache, slots, heads)
+        kernels.qkv_rope_store(qkv, torch.full((tokens,), 512), cache, k_cache, v_cache, slots,
+                               heads)
     with pytest.raises(RuntimeError, match="qkv must be"):
         kernels.qkv_rope_store(qkv, positions, cache, k_cache, v_cache, slots, heads + 1)
     with pytest.raises(RuntimeError, match="outside the cache"):
-        kernels.qkv_rope_store(qkv, positions, cache, k_cache, v_cache, slots + 20, heads)
+        kernels.qkv_rope_store(qkv, positions, cache, k_cache, v_cache, slots + 4 * blocks,
+                               heads)
 
 
 def test_qkv_decode_attention_is_rope_store_then_paged_attention(gen, kernels):
@@ -232,8 +241,9 @@ def test_qkv_decode_attention_is_rope_store_then_paged_attention(gen, kernels):
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
 
 
-def test_silu_and_mul_matches_torch_ops(gen, kernels):
-    x = randn(gen, 6, 2 * 1536, dtype=torch.float32, device="cpu") * 8  # exp's tails too
+@pytest.mark.parametrize("rows", [6, 71])
+def test_silu_and_mul_matches_torch_ops(gen, kernels, rows):
+    x = randn(gen, rows, 2 * 1536, dtype=torch.float32, device="cpu") * 8  # exp's tails too
     assert_close(CpuOps(kernels).silu_and_mul(x), TorchOps.silu_and_mul(x))
 
 

@@ -173,9 +173,10 @@ def test_layout_dequantizes_as_gguf(fmt):
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_embedding_unpacks_the_rows_asked_for(quant, fmt):
+@pytest.mark.parametrize("count", [5, 301])  # a decode step's few ids, a prefill's many
+def test_embedding_unpacks_the_rows_asked_for(quant, fmt, count):
     weight, dense = packed(np.random.default_rng(3), fmt, 50, 256)
-    ids = torch.tensor([49, 0, 7, 7, 13])
+    ids = torch.tensor([49, 0, 7, 7, 13] * (count // 5) + [1] * (count % 5))
     out = quant.quant_embedding(ids, weight.codes, weight.scales, weight.offsets, weight.bits,
                                 weight.sub, 256, weight.fused)
     assert torch.equal(out, dense[ids].float())
