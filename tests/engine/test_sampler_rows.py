@@ -71,16 +71,17 @@ def test_only_a_wide_nucleus_row_pays_the_full_sort():
 
 
 def test_only_nuclei_wider_than_the_first_candidates_pay_the_second():
-    """0.9 nucleus of row 0: 86 tokens, 0.5 of row 1: 16, 0.8 of row 2: 155. Rows 0 and 2 go
-    on from the 64 most likely to the 1024, and each row keeps exactly the plain way's set."""
-    params = [SamplingParams(top_p=0.9), SamplingParams(top_p=0.5), SamplingParams(top_p=0.8)]
+    """0.97 nucleus of row 0: 355 tokens, 0.5 of row 1: 16, 0.9 of row 2: 327. Rows 0 and 2
+    go on from the 256 most likely to the 1024, and each row keeps exactly the plain way's
+    set."""
+    params = [SamplingParams(top_p=0.97), SamplingParams(top_p=0.5), SamplingParams(top_p=0.9)]
     logits = peaked_logits(3)
     assert sorted(selection_ops(logits, params)) == [("aten::topk", 2, TOP_P_CANDIDATES[1]),
                                                      ("aten::topk", 3, TOP_P_CANDIDATES[0])]
     got = filtered_probs(logits, params)
     for row, p in enumerate(params):
         assert torch.allclose(got[row], reference(logits[row], p), atol=1e-6), f"row {row}"
-    assert [int((row > 0).sum()) for row in got] == [86, 16, 155]
+    assert [int((row > 0).sum()) for row in got] == [355, 16, 327]
 
 
 def test_unfiltered_batch_selects_nothing():
