@@ -18,9 +18,9 @@ SUBCOMMANDS = {
 # Subcommands whose torch threads share the cores with an event loop (and, under load,
 # clients): OpenMP workers that spin at barriers steal those cores, passive ones yield
 # them (on a busy 2-core box an engine step went from 2.0 s to 0.64 s). The offline bench
-# has nothing to yield to, and passive workers sleep between the hundreds of kernel calls
-# of a step and wake late: spinning briefly (libgomp's default) its engine ran 3-24%
-# faster in each of 5 paired runs (11.8-15.9 s against 14.9-16.7 s passive).
+# keeps libgomp's default for Hugging Face's sake, measured in the same process: passive,
+# its static generate ran 62-65 out tok/s against 91-92 spinning (tokenwire bench, Zen 3,
+# 010845f), its hundreds of torch ops a step each waking a sleeping thread late.
 PASSIVE_OPENMP = {"serve", "loadtest"}
 
 
