@@ -72,9 +72,8 @@ def top_p_widths(repeats: int) -> None:
         for temperature in (0.7, 1.0):
             probs = torch.softmax(rows / temperature, dim=-1)
             top_p = torch.full((32, 1), 0.9)
-            times = {widths: median_ms(lambda: top_p_filter(probs, top_p, widths), repeats)
-                     for widths in ((1024,), TOP_P_CANDIDATES)}
-            before, now = times[(1024,)], times[TOP_P_CANDIDATES]
+            before = median_ms(lambda: top_p_filter(probs, top_p, (1024,)), repeats)
+            now = median_ms(lambda: top_p_filter(probs, top_p, TOP_P_CANDIDATES), repeats)
             print(f"top_p 0.9, 32 rows of the default model's logits ({name}, temperature "
                   f"{temperature}): 1024 first {before:.2f}, {TOP_P_CANDIDATES} {now:.2f} "
                   f"({before / now:.2f}x)")
