@@ -58,7 +58,7 @@ def test_greedy_matches_hf_generate_batched(llm, hf_outputs):
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_NEW, temperature=0.0))
     assert len({len(llm.tokenizer.encode(p)) for p in PROMPTS}) >= 8  # different lengths
     # a flip needs the two tokens' logprobs each off by up to the tolerance
-    tie = 2 * logprob_tolerance()
+    tie = 2 * logprob_tolerance().each
     parted = []
     for prompt, ours, (theirs, gaps) in zip(PROMPTS, outs, hf_outputs):
         at = first_difference(ours.token_ids, theirs)

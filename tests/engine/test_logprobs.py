@@ -8,7 +8,7 @@ from engine import SamplingParams
 from engine.loader import default_model_dir
 from engine.logprobs import LogprobRows
 from engine.request import Request
-from logprob_tolerance import logprob_tolerance
+from logprob_tolerance import assert_near_fp32, assert_same_top
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three prime numbers:"]
 TOP = 5
@@ -28,19 +28,19 @@ def _reference(model, prompt_ids: list[int], output_ids: list[int]) -> torch.Ten
 
 def test_greedy_logprobs_match_the_models_logits(llm, hf_model):
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0.0, logprobs=TOP))
-    near = logprob_tolerance()
+    ours, fp32 = [], []
     for prompt, out in zip(PROMPTS, outs):
         ref = _reference(hf_model, llm.tokenizer.encode(prompt), out.token_ids)
         assert len(out.logprobs) == len(out.token_ids)
         for row, token, entry in zip(ref, out.token_ids, out.logprobs):
             assert entry.token_id == token
-            assert entry.logprob == pytest.approx(row[token].item(), abs=near)
             values = [lp for _, lp in entry.top]
             assert len(entry.top) == TOP and values == sorted(values, reverse=True)
-            want = row.topk(TOP)
-            assert [t for t, _ in entry.top] == want.indices.tolist()
-            assert values == pytest.approx(want.values.tolist(), abs=near)
             assert entry.top[0] == (token, entry.logprob)  # greedy: the chosen one is first
+            assert_same_top([t for t, _ in entry.top], row)
+            ours += [entry.logprob, *values]
+            fp32 += [row[token].item(), *(row[t].item() for t, _ in entry.top)]
+    assert_near_fp32(ours, fp32)
 
 
 def test_logprobs_are_raw_before_penalties_and_temperature(llm, hf_model):
@@ -49,11 +49,11 @@ def test_logprobs_are_raw_before_penalties_and_temperature(llm, hf_model):
                             repetition_penalty=1.5, presence_penalty=1.0, logprobs=2)
     out = llm.generate([PROMPTS[0]], params)[0]
     ref = _reference(hf_model, llm.tokenizer.encode(PROMPTS[0]), out.token_ids)
-    near = logprob_tolerance()
-    for row, token, entry in zip(ref, out.token_ids, out.logprobs):
-        assert entry.logprob == pytest.approx(row[token].item(), abs=near)
-        in_top = token in [t for t, _ in entry.top]
+    for entry in out.logprobs:
+        in_top = entry.token_id in [t for t, _ in entry.top]
         assert in_top == (entry.logprob >= entry.top[-1][1])
+    assert_near_fp32([e.logprob for e in out.logprobs],
+                     [row[e.token_id].item() for row, e in zip(ref, out.logprobs)])
 
 
 def test_only_rows_that_ask_pay():

@@ -1,0 +1,127 @@
+"""How far the engine's logprobs lie from fp32 activations' on this CPU, per instruction
+set of the quantized kernels: the default model's greedy and sampled runs, each returned
+logprob (the chosen token's and the top ones') against Hugging Face's fp32 forward pass of
+the same weights over the same tokens. The quantized matmuls round a step's activations to
+int8 levels (docs/quantization.md); this prints what that costs, the figures behind
+tests/logprob_tolerance.py.
+
+    python -m loadtest.logprob_error [--isa portable avx2 avx512] [--tokens 32] [--seeds 4]
+
+Each instruction set runs in a child process (TOKENWIRE_CPU_QUANT_ISA is read when the
+kernels run); those this CPU lacks are skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+# Not the tests' prompts: a second sample of the same kinds of text, short and long.
+PROMPTS = [
+    "Hello",
+    "The largest planet in the solar system is",
+    "Write two lines about the sea at night.",
+    "Name four colours of the rainbow:",
+    "import json\n\ndef load(path):\n",
+    "Translate to German: I would like a cup of coffee and a slice of cake, please.",
+    "It was a cold morning in the mountains when the old shepherd noticed that one of his "
+    "sheep was missing. He took his stick and",
+    "Q: What is the square root of 81?\nA:",
+    "Describe in simple terms why the sky looks blue during the day and red at sunset, "
+    "mentioning how light scatters in the atmosphere and how the path length changes.",
+    "def quicksort(items):",
+    "Three reasons to learn a second language are",
+    "The recipe needs flour, eggs and",
+]
+BATCH = 6  # prompts per generate call: a decode step's rows stay on the int8 path on AVX2
+TOP = 5
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--isa", nargs="+", default=["portable", "avx2", "avx512"])
+    p.add_argument("--tokens", type=int, default=32, help="output tokens per prompt and run")
+    p.add_argument("--seeds", type=int, default=4, help="sampled runs beside the greedy one")
+
+
+def errors(tokens: int, seeds: int) -> list[float]:
+    """|engine logprob - fp32 logprob| of every value the runs return, in this process."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine import LLM, SamplingParams
+    from engine.loader import default_model_dir
+
+    llm = LLM(model="default", device="cpu")
+    hf = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
+    runs = [SamplingParams(max_tokens=tokens, temperature=0.0, logprobs=TOP, ignore_eos=True)]
+    runs += [SamplingParams(max_tokens=tokens, temperature=1.5, top_k=20, seed=seed,
+                            logprobs=TOP, ignore_eos=True) for seed in range(seeds)]
+    out = []
+    for params in runs:
+        for start in range(0, len(PROMPTS), BATCH):
+            prompts = PROMPTS[start:start + BATCH]
+            for prompt, result in zip(prompts, llm.generate(prompts, params)):
+                ids = llm.tokenizer.encode(prompt)
+                with torch.inference_mode():
+                    logits = hf(torch.tensor([ids + result.token_ids])).logits[0].double()
+                ref = logits.log_softmax(-1)[len(ids) - 1:-1]
+                for row, entry in zip(ref, result.logprobs):
+                    for token, logprob in [(entry.token_id, entry.logprob), *entry.top]:
+                        out.append(abs(logprob - row[token].item()))
+    return out
+
+
+def summary(isa: str, tokens: int, seeds: int) -> dict:
+    """This process's instruction set's figures (TOKENWIRE_CPU_QUANT_ISA already set)."""
+    import kernels.cpu as cpu_kernels
+
+    quant = cpu_kernels.load_quant()
+    if quant is None:
+        return {"isa": isa, "skipped": "no quantized kernels (no compiler?)"}
+    chosen = cpu_kernels.quant_isa()
+    if not quant.isa_supported(chosen):
+        return {"isa": isa, "skipped": "not on this CPU"}
+    values = sorted(errors(tokens, seeds))
+    at = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+    return {"isa": isa, "levels": quant.activation_levels(chosen), "values": len(values),
+            "p50": at(0.5), "p99": at(0.99), "max": values[-1]}
+
+
+def run_child(isa: str, args) -> dict:
+    env = dict(os.environ, TOKENWIRE_CPU_QUANT_ISA=isa)
+    cmd = [sys.executable, "-m", "loadtest.logprob_error", "--child", "--isa", isa,
+           "--tokens", str(args.tokens), "--seeds", str(args.seeds)]
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, check=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def format_report(rows: list[dict], args) -> str:
+    lines = [f"logprob error against Hugging Face's fp32 forward pass: default model on CPU, "
+             f"{len(PROMPTS)} prompts x {args.tokens} tokens, greedy and {args.seeds} sampled "
+             f"runs, the chosen token's logprob and the top {TOP}",
+             f"{'isa':<9} {'levels':>6} {'values':>7} {'p50':>9} {'p99':>9} {'max':>9}"]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"{r['isa']:<9} skipped: {r['skipped']}")
+        else:
+            lines.append(f"{r['isa']:<9} {r['levels']:>6} {r['values']:>7} {r['p50']:>9.1e} "
+                         f"{r['p99']:>9.1e} {r['max']:>9.1e}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m loadtest.logprob_error", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(summary(args.isa[0], args.tokens, args.seeds)))
+        return
+    print(format_report([run_child(isa, args) for isa in args.isa], args))
+
+
+if __name__ == "__main__":
+    main()
