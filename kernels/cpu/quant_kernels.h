@@ -24,11 +24,12 @@
 //   x ~= d * (p1 + p2 / 128 + p3 / 128^2),  d = max|x| / 127,  |x - that| <= d / 2^15
 // so sum(code * x) over a block is d / 128^2 * (128 * (128 * code.p1 + code.p2) + code.p3):
 // exact integer dots, one float scale per block. With one int8 level (llama.cpp's Q8_1)
-// greedy output matched Hugging Face's fp32 on 3 of 9 parity prompts, with two on 8 of 9
-// (the ninth parts at a 3e-4 tie of HF's top two) and logprobs off by 4e-3; three keep 9 of
-// 9 and logprobs within 1e-4 of fp32 activations'. The AVX2 and AVX-512 dots pay a pass of
-// multiplies per level and read only the first two (kSimdLevels: on AVX2 10% less time per
-// decode matmul, Zen 3); portable reads all three.
+// greedy output matched Hugging Face's fp32 on 3 of 9 parity prompts, with two on 8 or 9
+// (the ninth parts at a 3e-4 tie of HF's top two), three on 9 of 9; logprobs lie from fp32
+// activations' at a median 1e-3 with two levels, 1e-5 with three (python -m
+// loadtest.logprob_error). The AVX2 and AVX-512 dots pay a pass of multiplies per level and
+// read only the first two (kSimdLevels: on AVX2 10% less time per decode matmul, Zen 3; on
+// an AVX-512 Xeon 5-33% less time per decoded token); portable reads all three.
 // The offsets multiply the exact fp32 sum of x over each sub-block.
 #pragma once
 

@@ -17,7 +17,7 @@ CHAT = [{"role": "user", "content": "Name a fruit."}]
 PROMPT_IDS = [504, 3575, 282, 4649, 314]  # "The capital of France is"
 GREEDY = {"temperature": 0, "max_tokens": 8, "model": "m"}
 # The second of two identical requests hits the prefix cache, so its prefill multiplies fewer
-# rows, and a quantized matmul's path depends on the row count (on AVX2, from 8 rows the
+# rows, and a quantized matmul's path depends on the row count (on AVX2, from 12 rows the
 # activations are taken exact, below that at two int8 levels: docs/quantization.md). Each is
 # within logprob_tolerance().each of fp32's logprobs, so the two may differ by twice that,
 # never by a token's.
