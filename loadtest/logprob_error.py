@@ -84,9 +84,12 @@ def summary(isa: str, tokens: int, seeds: int) -> dict:
     if not quant.isa_supported(chosen):
         return {"isa": isa, "skipped": "not on this CPU"}
     values = sorted(errors(tokens, seeds))
-    at = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
     return {"isa": isa, "levels": quant.activation_levels(chosen), "values": len(values),
-            "p50": at(0.5), "p99": at(0.99), "max": values[-1]}
+            "p50": quantile(values, 0.5), "p99": quantile(values, 0.99), "max": values[-1]}
+
+
+def quantile(ascending: list[float], q: float) -> float:
+    return ascending[min(len(ascending) - 1, int(q * len(ascending)))]
 
 
 def run_child(isa: str, args) -> dict:
