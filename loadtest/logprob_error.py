@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 
+from loadtest.metrics import percentile
+
 # Not the tests' prompts: a second sample of the same kinds of text, short and long.
 PROMPTS = [
     "Hello",
@@ -63,14 +65,21 @@ def errors(tokens: int, seeds: int) -> list[float]:
         for start in range(0, len(PROMPTS), BATCH):
             prompts = PROMPTS[start:start + BATCH]
             for prompt, result in zip(prompts, llm.generate(prompts, params)):
-                ids = llm.tokenizer.encode(prompt)
-                with torch.inference_mode():
-                    logits = hf(torch.tensor([ids + result.token_ids])).logits[0].double()
-                ref = logits.log_softmax(-1)[len(ids) - 1:-1]
+                ref = fp32_logprobs(hf, llm.tokenizer.encode(prompt), result.token_ids)
                 for row, entry in zip(ref, result.logprobs):
                     for token, logprob in [(entry.token_id, entry.logprob), *entry.top]:
                         out.append(abs(logprob - row[token].item()))
     return out
+
+
+def fp32_logprobs(hf_model, prompt_ids: list[int], output_ids: list[int]):
+    """log_softmax [T, V] (float64) of a Hugging Face model's logits at each position that
+    produced one of output_ids: the fp32 distributions the engine's logprobs are held to."""
+    import torch
+
+    with torch.inference_mode():
+        logits = hf_model(torch.tensor([prompt_ids + output_ids])).logits[0].double()
+    return logits.log_softmax(-1)[len(prompt_ids) - 1:-1]
 
 
 def summary(isa: str, tokens: int, seeds: int) -> dict:
@@ -83,13 +92,9 @@ def summary(isa: str, tokens: int, seeds: int) -> dict:
     chosen = cpu_kernels.quant_isa()
     if not quant.isa_supported(chosen):
         return {"isa": isa, "skipped": "not on this CPU"}
-    values = sorted(errors(tokens, seeds))
+    values = errors(tokens, seeds)
     return {"isa": isa, "levels": quant.activation_levels(chosen), "values": len(values),
-            "p50": quantile(values, 0.5), "p99": quantile(values, 0.99), "max": values[-1]}
-
-
-def quantile(ascending: list[float], q: float) -> float:
-    return ascending[min(len(ascending) - 1, int(q * len(ascending)))]
+            "p50": percentile(values, 50), "p99": percentile(values, 99), "max": max(values)}
 
 
 def run_child(isa: str, args) -> dict:

@@ -8,6 +8,7 @@ from engine import SamplingParams
 from engine.loader import default_model_dir
 from engine.logprobs import LogprobRows
 from engine.request import Request
+from loadtest.logprob_error import fp32_logprobs
 from logprob_tolerance import assert_near_fp32, assert_same_top
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three prime numbers:"]
@@ -19,18 +20,11 @@ def hf_model():
     return AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
 
 
-def _reference(model, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
-    """log_softmax [T, V] of the model's logits at each generated position (float64)."""
-    with torch.inference_mode():
-        logits = model(torch.tensor([prompt_ids + output_ids])).logits[0].double()
-    return logits.log_softmax(-1)[len(prompt_ids) - 1:-1]
-
-
 def test_greedy_logprobs_match_the_models_logits(llm, hf_model):
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0.0, logprobs=TOP))
     ours, fp32 = [], []
     for prompt, out in zip(PROMPTS, outs):
-        ref = _reference(hf_model, llm.tokenizer.encode(prompt), out.token_ids)
+        ref = fp32_logprobs(hf_model, llm.tokenizer.encode(prompt), out.token_ids)
         assert len(out.logprobs) == len(out.token_ids)
         for row, token, entry in zip(ref, out.token_ids, out.logprobs):
             assert entry.token_id == token
@@ -48,7 +42,7 @@ def test_logprobs_are_raw_before_penalties_and_temperature(llm, hf_model):
     params = SamplingParams(max_tokens=8, temperature=1.7, top_k=20, seed=3,
                             repetition_penalty=1.5, presence_penalty=1.0, logprobs=2)
     out = llm.generate([PROMPTS[0]], params)[0]
-    ref = _reference(hf_model, llm.tokenizer.encode(PROMPTS[0]), out.token_ids)
+    ref = fp32_logprobs(hf_model, llm.tokenizer.encode(PROMPTS[0]), out.token_ids)
     for entry in out.logprobs:
         in_top = entry.token_id in [t for t, _ in entry.top]
         assert in_top == (entry.logprob >= entry.top[-1][1])

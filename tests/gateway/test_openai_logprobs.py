@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.loader import default_model_dir
+from loadtest.logprob_error import fp32_logprobs
 from logprob_tolerance import assert_near_fp32, assert_same_top, logprob_tolerance
 from ws_helpers import open_ws, recv_until
 
@@ -87,9 +88,7 @@ async def test_ws_logprobs_are_the_models_own(base_url, client):
     assert all(len(f["logprobs"]) == f["n"] for f in deltas)  # one entry per token
     assert len(entries) == done["usage"]["completion_tokens"] == 8
     model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32)
-    with torch.inference_mode():
-        ids = torch.tensor([PROMPT_IDS + [e["token_id"] for e in entries]])
-        ref = model(ids).logits[0].double().log_softmax(-1)[len(PROMPT_IDS) - 1:-1]
+    ref = fp32_logprobs(model, PROMPT_IDS, [e["token_id"] for e in entries])
     for row, entry in zip(ref, entries):
         assert len(entry["top"]) == 4
         assert_same_top([t["token_id"] for t in entry["top"]], row)
