@@ -10,7 +10,7 @@ _EXPORTS = {
     "ConfigError": "engine.errors", "EngineDeadError": "engine.errors",
     "EngineError": "engine.errors", "InvalidRequestError": "engine.errors",
     "ModelLoadError": "engine.errors", "PromptTooLongError": "engine.errors",
-    "LLM": "engine.llm", "CompletionOutput": "engine.outputs", "EngineStats": "engine.outputs",
+    "LLM": "engine.llm", "Mailbox": "engine.mailbox", "CompletionOutput": "engine.outputs", "EngineStats": "engine.outputs",
     "RequestOutput": "engine.outputs", "SamplingParams": "engine.sampling_params",
 }
 __all__ = sorted(_EXPORTS)

@@ -3,10 +3,11 @@
     event loop                          engine thread
     ----------                          -------------
     generate() --submit-->  inbox  -->  core.add_request / abort_request
-    collector  <--call_soon_threadsafe-- core.step() -> [RequestOutput, ...] (one batch/step)
+    mailbox    <--call_soon_threadsafe-- core.step() -> [RequestOutput, ...] (one batch/step)
 
-Each request has a one-slot collector: outputs that arrive while the consumer is busy are
-merged into the slot, so a slow consumer costs constant memory and never stalls the loop.
+Each request has a Mailbox (engine/mailbox.py): outputs that arrive while the consumer is
+busy merge into its one slot, so a slow consumer costs constant memory and never stalls
+the loop.
 
 A failed step ends only its own requests (EngineCore.step). When the loop itself dies (too
 many failed steps in a row, or a fault outside a step) every pending request ends with
@@ -25,6 +26,7 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError
 from engine.host_memory import release_free_heap
+from engine.mailbox import Mailbox
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -33,29 +35,6 @@ log = logging.getLogger(__name__)
 # Seconds a CPU engine waits idle before handing freed heap back (a request arriving sooner
 # reuses it, as the steps of a burst do).
 IDLE_TRIM_S = 1.0
-
-
-class _Collector:
-    """One-slot mailbox of a request's outputs; later diffs merge into the pending one."""
-
-    __slots__ = ("pending", "ready")
-
-    def __init__(self):
-        self.pending: RequestOutput | None = None
-        self.ready = asyncio.Event()
-
-    def put(self, out: RequestOutput) -> None:
-        if self.pending is None:
-            self.pending = out
-        else:
-            self.pending.merge(out)
-        self.ready.set()
-
-    async def get(self) -> RequestOutput:
-        await self.ready.wait()
-        out, self.pending = self.pending, None
-        self.ready.clear()
-        return out
 
 
 class AsyncEngine:
@@ -67,7 +46,7 @@ class AsyncEngine:
 
     def __init__(self, config: EngineConfig | None = None, core: EngineCore | None = None):
         self.core = core or EngineCore(config or EngineConfig())
-        self._collectors: dict[str, _Collector] = {}
+        self._mailboxes: dict[str, Mailbox] = {}
         self._inbox: list[tuple] = []
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -150,25 +129,24 @@ class AsyncEngine:
         grammar = None
         if params.response_format is not None:  # compiled on its pool, never on a loop
             grammar = await self.core.grammars.compile_async(params.response_format)
-        if request_id in self._collectors:
+        if request_id in self._mailboxes:
             raise InvalidRequestError("id", f"request {request_id!r} is already running")
-        collector = _Collector()
-        self._collectors[request_id] = collector
+        mailbox = self._mailboxes[request_id] = Mailbox()
         self._submit(("add", request_id, prompt_ids, params, parent_id, grammar))
         finished = False
         try:
             while not finished:
-                out = await collector.get()
+                out = await mailbox.get()
                 finished = out.finished
                 yield out
         finally:
-            self._collectors.pop(request_id, None)
+            self._mailboxes.pop(request_id, None)
             if not finished:
                 self._submit(("abort", request_id))
 
     def abort(self, request_id: str) -> None:
         """End a request; its generator yields a final output with finish_reason cancelled."""
-        if request_id in self._collectors:
+        if request_id in self._mailboxes:
             self._submit(("abort", request_id))
 
     def _submit(self, command: tuple) -> None:
@@ -220,15 +198,15 @@ class AsyncEngine:
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
-            collector = self._collectors.get(out.request_id)
-            if collector is not None:
-                collector.put(out)
+            mailbox = self._mailboxes.get(out.request_id)
+            if mailbox is not None:
+                mailbox.put(out)
 
     def _on_death(self, message: str) -> None:
         self._fail_all(message)
         self._died.set()
 
     def _fail_all(self, message: str) -> None:
-        for request_id, collector in list(self._collectors.items()):
-            collector.put(RequestOutput(request_id, "", [], finished=True,
+        for request_id, mailbox in list(self._mailboxes.items()):
+            mailbox.put(RequestOutput(request_id, "", [], finished=True,
                                         finish_reason="error", error=message))

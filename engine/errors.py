@@ -1,15 +1,11 @@
 """Exceptions the engine raises at its boundary; each request error maps to one protocol
-error code. ConfigError is every layer's bad-configuration error (engine, scheduler and
-gateway configs alike): it lives here, the lowest layer that needs it, and importing it
-loads no torch."""
+error code. Importing this module loads no torch. ConfigError, every layer's
+bad-configuration error, lives in the leaf package `common` and is named here too."""
 
+from common.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A configuration field is out of range; `field` names it."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
+__all__ = ["ConfigError", "EngineDeadError", "EngineError", "InvalidRequestError",
+           "ModelLoadError", "PromptTooLongError"]
 
 
 class EngineError(Exception):

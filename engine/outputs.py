@@ -24,18 +24,6 @@ class RequestOutput:
     error: str | None = None
     logprobs: list[TokenLogprob] | None = None  # one per new token, when asked
 
-    def merge(self, later: "RequestOutput") -> None:
-        """Fold a later diff into this one (the one-slot collector's merge)."""
-        self.delta_text += later.delta_text
-        self.new_token_ids.extend(later.new_token_ids)
-        if later.logprobs:
-            self.logprobs = (self.logprobs or []) + later.logprobs
-        self.finished = later.finished
-        self.finish_reason = later.finish_reason
-        self.num_cached_tokens = later.num_cached_tokens
-        self.num_output_tokens = later.num_output_tokens
-        self.error = later.error
-
 
 @dataclass
 class CompletionOutput:
