@@ -1,9 +1,10 @@
 """AsyncEngine: the engine for asyncio. The step loop runs on its own thread.
 
-    event loop                          engine thread
-    ----------                          -------------
-    generate() --submit-->  inbox  -->  core.add_request / abort_request
-    mailbox    <--call_soon_threadsafe-- core.step() -> [RequestOutput, ...] (one batch/step)
+    event loop                              engine thread
+    ----------                              -------------
+    generate() --AddRequest---->  inbox -->  core.add_request
+    abort()    --AbortRequest-->  inbox -->  core.abort_request
+    mailbox    <--call_soon_threadsafe----  core.step() -> [RequestOutput, ...] (one batch/step)
 
 Each request has a Mailbox (engine/mailbox.py): outputs that arrive while the consumer is
 busy merge into its one slot, so a slow consumer costs constant memory and never stalls
@@ -21,6 +22,7 @@ import itertools
 import logging
 import threading
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
@@ -37,6 +39,27 @@ log = logging.getLogger(__name__)
 IDLE_TRIM_S = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    """Inbox command: queue a validated request (its grammar already compiled, if any)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    parent_id: str | None = None
+    grammar: object | None = None  # xgrammar's CompiledGrammar
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    """Inbox command: end a request."""
+
+    request_id: str
+
+
+Command = AddRequest | AbortRequest
+
+
 class AsyncEngine:
     """Continuous-batching engine for asyncio callers.
 
@@ -47,7 +70,7 @@ class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, core: EngineCore | None = None):
         self.core = core or EngineCore(config or EngineConfig())
         self._mailboxes: dict[str, Mailbox] = {}
-        self._inbox: list[tuple] = []
+        self._inbox: list[Command] = []
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -132,7 +155,7 @@ class AsyncEngine:
         if request_id in self._mailboxes:
             raise InvalidRequestError("id", f"request {request_id!r} is already running")
         mailbox = self._mailboxes[request_id] = Mailbox()
-        self._submit(("add", request_id, prompt_ids, params, parent_id, grammar))
+        self._submit(AddRequest(request_id, prompt_ids, params, parent_id, grammar))
         finished = False
         try:
             while not finished:
@@ -142,14 +165,14 @@ class AsyncEngine:
         finally:
             self._mailboxes.pop(request_id, None)
             if not finished:
-                self._submit(("abort", request_id))
+                self._submit(AbortRequest(request_id))
 
     def abort(self, request_id: str) -> None:
         """End a request; its generator yields a final output with finish_reason cancelled."""
         if request_id in self._mailboxes:
-            self._submit(("abort", request_id))
+            self._submit(AbortRequest(request_id))
 
-    def _submit(self, command: tuple) -> None:
+    def _submit(self, command: Command) -> None:
         with self._wake:
             self._inbox.append(command)
             self._wake.notify()
@@ -186,15 +209,20 @@ class AsyncEngine:
         with self._wake:
             commands, self._inbox = self._inbox, []
         for command in commands:
-            if command[0] != "add":
-                self.core.abort_request(command[1])
-                continue
-            try:
-                self.core.add_request(*command[1:])
-            except EngineError as exc:  # refused here (say, the pool shrank): end just this one
-                failed = RequestOutput(command[1], "", [], finished=True,
-                                       finish_reason="error", error=str(exc))
-                self._loop.call_soon_threadsafe(self._dispatch, [failed])
+            match command:
+                case AbortRequest(request_id):
+                    self.core.abort_request(request_id)
+                case AddRequest():
+                    self._add(command)
+
+    def _add(self, command: AddRequest) -> None:
+        try:
+            self.core.add_request(command.request_id, command.prompt_token_ids,
+                                  command.params, command.parent_id, command.grammar)
+        except EngineError as exc:  # refused here (say, the pool shrank): end just this one
+            failed = RequestOutput(command.request_id, "", [], finished=True,
+                                   finish_reason="error", error=str(exc))
+            self._loop.call_soon_threadsafe(self._dispatch, [failed])
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
