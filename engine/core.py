@@ -10,10 +10,9 @@ from engine.errors import EngineDeadError, InvalidRequestError, PromptTooLongErr
 from engine.grammar import GrammarCompiler, new_matcher
 from engine.host_memory import keep_freed_step_buffers
 from engine.loader import load_model
-from engine.logprobs import TokenLogprob
 from engine.model_runner import ModelRunner
 from engine.models.config import context_len
-from engine.outputs import EngineStats, RequestOutput
+from engine.outputs import EngineStats, RequestOutput, SampledToken
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.step_scheduler import ScheduledBatch, StepScheduler
@@ -130,17 +129,14 @@ class EngineCore:
         if not batch.requests:
             return outputs
         try:
-            sampled, logprobs = self.runner.execute(batch)
+            sampled = self.runner.execute(batch)
             booked = self.scheduler.update_from_output(batch, sampled)
         except Exception as exc:  # noqa: BLE001 - the fault ends at this step's requests
             return outputs + self._fail_step(batch, exc)
         self.num_failed_steps = 0
         self.totals.steps += 1
         self.totals.generation_tokens += len(booked)
-        by_request = {r.request_id: lp for r, lp in zip(batch.requests, logprobs)
-                      if lp is not None}
-        outputs.extend(self._on_token(request, token, by_request.get(request.request_id))
-                       for request, token in booked)
+        outputs.extend(self._on_token(request, sample) for request, sample in booked)
         return outputs
 
     def _fail_step(self, batch: ScheduledBatch, exc: Exception) -> list[RequestOutput]:
@@ -155,15 +151,14 @@ class EngineCore:
                                   f"the last: {type(exc).__name__}: {exc}") from exc
         return failed
 
-    def _on_token(self, request: Request, token: int,
-                  logprob: TokenLogprob | None) -> RequestOutput:
+    def _on_token(self, request: Request, sample: SampledToken) -> RequestOutput:
         try:
-            out = self._detokenize(request, token, request.finish_reason)
+            out = self._detokenize(request, sample.token_id, request.finish_reason)
         except Exception as exc:  # one request's failure must not stop the others
             log.exception("request %s failed", request.request_id)
             return self._finish(request, "error", "", error=f"{type(exc).__name__}: {exc}")
-        if logprob is not None:
-            out.logprobs = [logprob]
+        if sample.logprob is not None:
+            out.logprobs = [sample.logprob]
         return out
 
     def _detokenize(self, request: Request, token: int, reason: str | None) -> RequestOutput:

@@ -21,9 +21,9 @@ from engine.cpu_decode import CpuDecodeStack
 from engine.cuda_graphs import DecodeGraphs
 from engine.linear import Linear
 from engine.loader import LoadedModel
-from engine.logprobs import TokenLogprob
 from engine.models.llama import LlamaModel
 from engine.ops import TorchOps
+from engine.outputs import SampledToken
 from engine.quant.linear import quant_aware
 from engine.sampler import Sampler
 from engine.step_scheduler import ScheduledBatch
@@ -120,9 +120,9 @@ class ModelRunner:
 
     # -- one step ------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> tuple[list[int | None], list[TokenLogprob | None]]:
-        """Run one step; returns a sampled token for each request that caught up, else None,
-        and beside it the token's log-probabilities where the request asked for them."""
+    def execute(self, batch: ScheduledBatch) -> list[SampledToken | None]:
+        """Run one step; one entry per scheduled request, in batch order: the token sampled
+        for a request that caught up (with its log-probabilities when asked), else None."""
         order = sorted(range(len(batch.requests)), key=lambda i: batch.num_new_tokens[i] != 1)
         step = _host_inputs(batch, order, self.block_size)
         graph_size = self._graph_size(step)
@@ -130,17 +130,16 @@ class ModelRunner:
             hidden = self.graphs.replay(self._pinned(_pad(step, graph_size)), len(order))
         else:
             hidden = self._eager_forward(step)
-        tokens: list[int | None] = [None] * len(batch.requests)
-        logprobs: list[TokenLogprob | None] = [None] * len(batch.requests)
+        sampled: list[SampledToken | None] = [None] * len(batch.requests)
         if not step.sample_rows:
-            return tokens, logprobs
+            return sampled
         index = self._to_device(torch.tensor(step.sample_index, dtype=torch.long))
         logits = self.model.compute_logits(hidden[index])[:, :self.sample_vocab]
         requests = [batch.requests[i] for i in step.sample_rows]
-        sampled, sampled_logprobs = self.sampler.sample(logits, requests)
-        for i, token, logprob in zip(step.sample_rows, sampled, sampled_logprobs):
-            tokens[i], logprobs[i] = token, logprob
-        return tokens, logprobs
+        tokens, logprobs = self.sampler.sample(logits, requests)
+        for i, token, logprob in zip(step.sample_rows, tokens, logprobs):
+            sampled[i] = SampledToken(token, logprob)
+        return sampled
 
     def _graph_size(self, step: "HostInputs") -> int | None:
         if self.graphs is None or any(n != 1 for n in step.query_lens):

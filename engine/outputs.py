@@ -6,6 +6,14 @@ from dataclasses import dataclass, field
 from engine.logprobs import TokenLogprob
 
 
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    """The token a step sampled for one request, with its log-probabilities when asked."""
+
+    token_id: int
+    logprob: TokenLogprob | None = None
+
+
 @dataclass
 class RequestOutput:
     """What one request produced since its last output (a diff), plus running totals.

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.block_manager import BlockManager
 from engine.forks import ForkWaitlist
 from engine.request import Request, RequestStatus
+
+if TYPE_CHECKING:  # the scheduler reads token ids only; it never loads torch
+    from engine.outputs import SampledToken
 
 
 @dataclass
@@ -135,28 +139,29 @@ class StepScheduler:
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
-    def update_from_output(self, batch: ScheduledBatch,
-                           sampled: list[int | None]) -> list[tuple[Request, int]]:
-        """Book a step's result. Each request's computed tokens advance (its newly full
-        blocks join the prefix cache); a sampled token is appended and a token-level stop
-        (eos, stop_token_ids, max_tokens, context) finishes the request and frees its
-        blocks. Returns (request, token) for each request that got a token, in batch
-        order; `request.finish_reason` tells which of them finished."""
+    def update_from_output(self, batch: ScheduledBatch, sampled: list[SampledToken | None]
+                           ) -> list[tuple[Request, SampledToken]]:
+        """Book a step's result (`sampled`: one entry per batch request, None for a request
+        still catching up). Each request's computed tokens advance (its newly full blocks
+        join the prefix cache); a sampled token is appended and a token-level stop (eos,
+        stop_token_ids, max_tokens, context) finishes the request and frees its blocks.
+        Returns (request, sampled) for each request that got a token, in batch order;
+        `request.finish_reason` tells which of them finished."""
         booked = []
-        for request, num_new, token in zip(batch.requests, batch.num_new_tokens, sampled):
+        for request, num_new, sample in zip(batch.requests, batch.num_new_tokens, sampled):
             self.num_prefill_tokens += max(0, min(num_new, request.num_prompt_tokens
                                                   - request.num_computed_tokens))
             request.num_computed_tokens += num_new
             self.blocks.cache_full_blocks(request)
-            if token is None:
+            if sample is None:
                 continue
             if request.num_output_tokens == 0:  # its prompt is computed: fork its samples
                 self._fork(request, self.forks.take(request))
-            request.all_token_ids.append(token)
-            reason = self._check_stop(request, token)
+            request.all_token_ids.append(sample.token_id)
+            reason = self._check_stop(request, sample.token_id)
             if reason is not None:
                 self.finish(request, reason)
-            booked.append((request, token))
+            booked.append((request, sample))
         return booked
 
     def _check_stop(self, request: Request, token: int) -> str | None:

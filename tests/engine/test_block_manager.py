@@ -1,5 +1,6 @@
 """BlockManager and StepScheduler unit tests: no model, just block bookkeeping."""
 from engine.block_manager import BlockManager
+from engine.outputs import SampledToken
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.step_scheduler import StepScheduler
@@ -132,7 +133,7 @@ def test_forked_samples_share_the_parents_full_prompt_blocks():
     sched.add(child, parent)  # waits: the parent's prompt is not computed yet
     batch = sched.schedule()
     assert batch.requests == [parent]
-    sched.update_from_output(batch, [7])  # the prompt is computed: the child forks
+    sched.update_from_output(batch, [SampledToken(7)])  # the prompt is computed: the child forks
     assert child.block_ids == parent.block_ids[:2] and child.num_computed_tokens == 8
     assert [bm.blocks[b].ref_count for b in parent.block_ids] == [2, 2, 1]
     assert sched.schedule().num_new_tokens == [1, 2]  # parent decodes; child: 2 prompt tokens

@@ -1,5 +1,6 @@
 """StepScheduler.update_from_output: a step's result booked without a model."""
 from engine.block_manager import BlockManager
+from engine.outputs import SampledToken
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.step_scheduler import StepScheduler
@@ -13,6 +14,10 @@ def _scheduler(num_blocks=16, max_model_len=None) -> StepScheduler:
                          max_model_len=max_model_len)
 
 
+def _tokens(*token_ids: int) -> list[SampledToken]:
+    return [SampledToken(t) for t in token_ids]
+
+
 def _add(sched, rid, prompt_len=6, **params) -> Request:
     request = Request(rid, list(range(10, 10 + prompt_len)), SamplingParams(**params))
     sched.add(request)
@@ -24,8 +29,8 @@ def test_books_computed_tokens_appends_and_caches_full_blocks():
     a = _add(sched, "a", max_tokens=4)
     batch = sched.schedule()
     assert batch.num_new_tokens == [6]
-    booked = sched.update_from_output(batch, [7])
-    assert booked == [(a, 7)]
+    booked = sched.update_from_output(batch, [SampledToken(7)])
+    assert booked == [(a, SampledToken(7))]
     assert a.num_computed_tokens == 6 and a.all_token_ids[-1] == 7
     assert len(a.block_hashes) == 1  # the one full block of 4 joined the prefix cache
     assert a.status is RequestStatus.RUNNING
@@ -47,7 +52,7 @@ def test_stops_finish_and_free_their_requests():
     length = _add(sched, "length", max_tokens=1)
     context = _add(sched, "context", prompt_len=7)
     batch = sched.schedule()
-    booked = sched.update_from_output(batch, [EOS, EOS, 9, 5, 5])
+    booked = sched.update_from_output(batch, _tokens(EOS, EOS, 9, 5, 5))
     assert [r.request_id for r, _ in booked] == ["eos", "ignored", "stop_id", "length",
                                                 "context"]
     reasons = {r.request_id: r.finish_reason for r in (eos, ignored, stop_id, length, context)}
@@ -63,6 +68,6 @@ def test_every_block_is_free_once_all_requests_end():
     requests = [_add(sched, f"r{i}", max_tokens=3) for i in range(3)]
     while sched.has_work():
         batch = sched.schedule()
-        sched.update_from_output(batch, [5] * len(batch.requests))
+        sched.update_from_output(batch, _tokens(*[5] * len(batch.requests)))
     assert all(r.finish_reason == "length" and r.num_output_tokens == 3 for r in requests)
     assert sched.blocks.num_free_blocks == sched.blocks.num_blocks
