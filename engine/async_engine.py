@@ -219,7 +219,7 @@ class AsyncEngine:
         try:
             self.core.add_request(command.request_id, command.prompt_token_ids,
                                   command.params, command.parent_id, command.grammar)
-        except EngineError as exc:  # refused here (say, the pool shrank): end just this one
+        except EngineError as exc:  # refused on this thread: end just this one request
             failed = RequestOutput(command.request_id, "", [], finished=True,
                                    finish_reason="error", error=str(exc))
             self._loop.call_soon_threadsafe(self._dispatch, [failed])

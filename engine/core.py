@@ -91,11 +91,12 @@ class EngineCore:
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, parent_id: str | None = None,
                     grammar=None) -> None:
-        """Queue a request. `parent_id` names another sample of the same prompt (`n > 1`):
-        while that one lives, this one shares its prompt's KV blocks instead of a prefill.
-        `grammar`: the compiled response_format (AsyncEngine compiles it off this thread);
-        compiled here, blocking, when a constrained request comes without one."""
-        self.validate(prompt_token_ids, params)
+        """Queue a request. It trusts its caller to have checked the request with
+        `validate`, as the public entries (AsyncEngine.generate, LLM.generate) each do
+        once. `parent_id` names another sample of the same prompt (`n > 1`): while that one
+        lives, this one shares its prompt's KV blocks instead of a prefill. `grammar`: the
+        compiled response_format (AsyncEngine compiles it off this thread); compiled here,
+        blocking, when a constrained request comes without one."""
         if request_id in self.requests:
             raise InvalidRequestError("id", f"request {request_id!r} is already running")
         request = Request(request_id, list(prompt_token_ids), params)

@@ -58,12 +58,7 @@ class LLM:
         """One output per prompt, in order. `params` may be one for all or one per prompt."""
         params = params or SamplingParams()
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
-        ids = [f"offline-{i}" for i in range(len(prompts))]
-        results = {}
-        for request_id, prompt, p in zip(ids, prompts, per_prompt):
-            tokens = self.core.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            self.core.add_request(request_id, tokens, p)
-            results[request_id] = CompletionOutput("", [], None, len(tokens), 0)
+        results = self._add_requests(prompts, per_prompt)
         with tqdm(total=len(prompts), disable=not use_tqdm, desc="generate") as bar:
             while self.core.has_work():
                 for out in self.core.step():
@@ -76,4 +71,17 @@ class LLM:
                     if out.finished:
                         result.finish_reason = out.finish_reason
                         bar.update(1)
-        return [results[i] for i in ids]
+        return list(results.values())
+
+    def _add_requests(self, prompts, per_prompt: list[SamplingParams]
+                      ) -> dict[str, CompletionOutput]:
+        """Validate every prompt, then queue them all (a bad one raises before any is
+        queued, so no request is left behind in the engine); an empty result for each."""
+        token_ids = [self.core.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        for tokens, p in zip(token_ids, per_prompt):
+            self.core.validate(tokens, p)
+        results = {}
+        for i, (tokens, p) in enumerate(zip(token_ids, per_prompt)):
+            self.core.add_request(f"offline-{i}", tokens, p)
+            results[f"offline-{i}"] = CompletionOutput("", [], None, len(tokens), 0)
+        return results
