@@ -42,10 +42,10 @@ class EngineCore:
         self.max_model_len = min(wanted_len, pool_tokens)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size,
                                    config.enable_prefix_caching)
-        self.scheduler = StepScheduler(self.blocks, config.max_num_seqs,
-                                       config.max_num_batched_tokens,
-                                       eos_token_ids=self.eos_token_ids,
-                                       max_model_len=self.max_model_len)
+        self.step_scheduler = StepScheduler(self.blocks, config.max_num_seqs,
+                                            config.max_num_batched_tokens,
+                                            eos_token_ids=self.eos_token_ids,
+                                            max_model_len=self.max_model_len)
         self.grammars = GrammarCompiler(
             self.tokenizer, self.runner.sample_vocab, self.eos_token_ids,
             threads=config.grammar_compile_threads, cache_size=config.grammar_cache_size,
@@ -108,7 +108,7 @@ class EngineCore:
         self.requests[request_id] = request
         self.detokenizers[request_id] = IncrementalDetokenizer(
             self.tokenizer, request.prompt_token_ids, params.stop)
-        self.scheduler.add(request, parent)
+        self.step_scheduler.add(request, parent)
         self.totals.prompt_tokens += request.num_prompt_tokens
 
     def abort_request(self, request_id: str) -> None:
@@ -118,7 +118,7 @@ class EngineCore:
             self.pending.append(self._finish(request, "cancelled", ""))
 
     def has_work(self) -> bool:
-        return bool(self.pending) or self.scheduler.has_work()
+        return bool(self.pending) or self.step_scheduler.has_work()
 
     # -- the step --------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -126,12 +126,12 @@ class EngineCore:
         it held with `error` (blocks freed); the others go on. Raises EngineDeadError after
         max_consecutive_failed_steps failed steps in a row."""
         outputs, self.pending = self.pending, []
-        batch = self.scheduler.schedule()
+        batch = self.step_scheduler.schedule()
         if not batch.requests:
             return outputs
         try:
             sampled = self.runner.execute(batch)
-            booked = self.scheduler.update_from_output(batch, sampled)
+            booked = self.step_scheduler.update_from_output(batch, sampled)
         except Exception as exc:  # noqa: BLE001 - the fault ends at this step's requests
             return outputs + self._fail_step(batch, exc)
         self.num_failed_steps = 0
@@ -177,7 +177,7 @@ class EngineCore:
                 error: str | None = None) -> RequestOutput:
         """Free the request everywhere (the scheduler may have finished it already) and
         build its final output."""
-        self.scheduler.finish(request, reason)
+        self.step_scheduler.finish(request, reason)
         del self.requests[request.request_id]
         del self.detokenizers[request.request_id]
         self.runner.sampler.forget(request.request_id)
@@ -195,15 +195,15 @@ class EngineCore:
             num_output_tokens=request.num_output_tokens)
 
     def stats(self) -> EngineStats:
-        t = self.totals
+        t, sched = self.totals, self.step_scheduler
         return EngineStats(
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting) + len(self.scheduler.forks),
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting) + len(sched.forks),
             num_free_blocks=self.blocks.num_free_blocks, num_total_blocks=self.blocks.num_blocks,
             prefix_cache_queries=self.blocks.cache_queries,
             prefix_cache_hits=self.blocks.cache_hits,
-            prefill_tokens=self.scheduler.num_prefill_tokens,
+            prefill_tokens=sched.num_prefill_tokens,
             fork_shared_tokens=self.blocks.fork_shared_tokens,
-            num_preemptions=self.scheduler.num_preemptions, prompt_tokens=t.prompt_tokens,
+            num_preemptions=sched.num_preemptions, prompt_tokens=t.prompt_tokens,
             generation_tokens=t.generation_tokens, steps=t.steps,
             finish_reasons=dict(t.finish_reasons))

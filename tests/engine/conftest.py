@@ -11,4 +11,5 @@ def llm():
 
 def assert_all_blocks_free(core):
     assert core.blocks.num_free_blocks == core.blocks.num_blocks
-    assert not core.requests and not core.scheduler.running and not core.scheduler.waiting
+    sched = core.step_scheduler
+    assert not core.requests and not sched.running and not sched.waiting

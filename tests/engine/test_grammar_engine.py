@@ -70,7 +70,7 @@ def test_preemption_by_recompute_keeps_each_matcher_in_step():
                              response_format=_format(schema))
               for i, (_, schema) in enumerate(chosen)]
     outs = small.generate(prompts, params)
-    assert small.core.scheduler.num_preemptions > 0
+    assert small.core.step_scheduler.num_preemptions > 0
     for (_, schema), out in zip(chosen, outs):
         assert out.finish_reason == "stop", out.text
         jsonschema.validate(json.loads(out.text), schema)
