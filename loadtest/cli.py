@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
-import random
 import signal
 import sys
 import threading
 
-from loadtest import datasets, server_metrics
-from loadtest.backends import HttpBackend, WsBackend
+from loadtest import server_metrics
 from loadtest.config import DATASETS, ENDPOINTS, LoadTestConfig
 from loadtest.metrics import parse_goodput, summarize
-from loadtest.realtime_client import RealtimeBackend
-from loadtest.report import format_summary, write_json
+from loadtest.report import format_summary, run_facts, write_json
 from loadtest.runner import Runner
+from loadtest.workload import build_workload, make_backend, run_loop
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,36 +77,6 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
         goodput=parse_goodput(args.goodput))
 
 
-def build_workload(cfg: LoadTestConfig, tokenizer) -> dict:
-    """{"prompts": [...]} or {"sessions": [[...], ...]}, drawn from the seed."""
-    rng = random.Random(cfg.seed)
-    n = cfg.num_requests
-    if cfg.dataset != "random" and cfg.prompts_file:
-        prompts = datasets.file_prompts(cfg.prompts_file, n, cfg.random_output_len, tokenizer)
-    else:
-        prompts = datasets.random_prompts(n, cfg.random_input_len, cfg.random_output_len,
-                                          cfg.random_range_ratio, rng, tokenizer)
-    if cfg.dataset == "sessions":
-        openers = None
-        if cfg.first_turn_len:
-            openers = datasets.random_prompts(cfg.num_sessions, cfg.first_turn_len,
-                                              cfg.random_output_len, cfg.random_range_ratio,
-                                              rng, tokenizer)
-        return {"sessions": datasets.session_turns(cfg.num_sessions, cfg.turns, prompts,
-                                                   openers)}
-    return {"prompts": prompts}
-
-
-def make_backend(cfg: LoadTestConfig):
-    if cfg.is_realtime:
-        return RealtimeBackend(cfg.url, cfg.temperature, cfg.connect_timeout)
-    if cfg.is_websocket:
-        return WsBackend(cfg.url, cfg.endpoint, cfg.use_msgpack, cfg.temperature,
-                         cfg.ignore_eos, cfg.connect_timeout)
-    return HttpBackend(cfg.url, cfg.endpoint, cfg.model, cfg.temperature, cfg.ignore_eos,
-                       cfg.max_concurrency or 0)
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
@@ -140,14 +107,6 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result["completed"] else 1
 
 
-def run_loop(coro):
-    """Run the client on uvloop: its per-frame cost is what keeps a single client process
-    from becoming the bottleneck at hundreds of streams."""
-    import uvloop
-
-    return uvloop.run(coro)
-
-
 async def _measure(runner: Runner, workload: dict, cfg: LoadTestConfig, scrape_metrics: bool):
     """Run the workload, bracketed by /metrics scrapes when asked. SIGINT or SIGTERM
     winds the run down (Runner.stop) and still reports (signals reach the main thread
@@ -162,19 +121,6 @@ async def _measure(runner: Runner, workload: dict, cfg: LoadTestConfig, scrape_m
     before = await server_metrics.scrape(url)
     outcome = await runner.run(**workload)
     return outcome, server_metrics.server_delta(before, await server_metrics.scrape(url))
-
-
-def run_facts(cfg: LoadTestConfig, model: str | None) -> dict:
-    rate = "inf" if math.isinf(cfg.request_rate) else cfg.request_rate
-    # Sessions always speak chat (WS `chat` turns, or /chat/completions over HTTP), and so
-    # does the Realtime API.
-    endpoint = "chat" if cfg.dataset == "sessions" or cfg.is_realtime else cfg.endpoint
-    return {"url": cfg.url, "endpoint": endpoint, "model": model,
-            "transport": "realtime" if cfg.is_realtime else "ws+msgpack" if cfg.use_msgpack
-            else ("ws" if cfg.is_websocket else "http"),
-            "dataset": cfg.dataset, "num_requests": cfg.num_requests, "request_rate": rate,
-            "burstiness": cfg.burstiness, "max_concurrency": cfg.max_concurrency,
-            "seed": cfg.seed, "percentiles": list(cfg.percentiles), "goodput_slos": cfg.goodput}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,12 +17,11 @@ import json
 import sys
 import time
 
-from loadtest.cli import build_workload, make_backend, run_loop
 from loadtest.config import LoadTestConfig
 from loadtest.datasets import Prompt
 from loadtest.metrics import summarize
-from loadtest.runner import Runner
 from loadtest.server_process import ServerProcess
+from loadtest.workload import build_workload, run_loop, run_workload
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -78,7 +77,7 @@ def serve_args(args: argparse.Namespace, *extra: str) -> list[str]:
 
 def run_online(cfg: LoadTestConfig, workload: dict) -> tuple[dict, list]:
     """One loadtest run: its summary and its records."""
-    outcome = run_loop(Runner(cfg, make_backend(cfg), show_progress=False).run(**workload))
+    outcome = run_loop(run_workload(cfg, workload))
     result = summarize(outcome.records, outcome.duration, outcome.t0)
     if result["failed"]:
         raise RuntimeError(f"online run had failures: {result['errors_by_code']}")

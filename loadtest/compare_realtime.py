@@ -16,10 +16,10 @@ import argparse
 import json
 import sys
 
-from loadtest.cli import build_workload
 from loadtest.compare import _tokenizer_spec, add_common, log, run_online, serve_args
 from loadtest.config import LoadTestConfig
 from loadtest.server_process import ServerProcess
+from loadtest.workload import build_workload
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -13,12 +13,11 @@ import argparse
 import asyncio
 import sys
 
-from loadtest.cli import build_workload, make_backend
 from loadtest.config import LoadTestConfig
 from loadtest.haproxy_process import HaproxyProcess
 from loadtest.metrics import summarize
-from loadtest.runner import Runner
 from loadtest.server_process import ServerProcess
+from loadtest.workload import build_workload, run_workload
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -41,8 +40,7 @@ async def one_round(url: str, args: argparse.Namespace, seed: int) -> dict:
                          random_input_len=args.input_len, random_output_len=args.output_len,
                          max_concurrency=args.max_concurrency, ignore_eos=True,
                          tokenizer="none", seed=seed)
-    outcome = await Runner(cfg, make_backend(cfg), show_progress=False).run(
-        **build_workload(cfg, None))
+    outcome = await run_workload(cfg, build_workload(cfg, None))
     return summarize(outcome.records, outcome.duration, outcome.t0)
 
 

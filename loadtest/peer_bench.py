@@ -81,10 +81,9 @@ def run_peer(args: argparse.Namespace) -> int:
 def drive(url: str, c: int, round_: int, args) -> dict:
     """One turn at concurrency c: a warm-up of c short requests, then max(8, 2c) prompts
     fresh to both servers (seeded by c and the round: no prefix-cache hits)."""
-    from loadtest.compare import run_loop, token_prompts
-    from loadtest.cli import make_backend
+    from loadtest.compare import token_prompts
     from loadtest.metrics import summarize
-    from loadtest.runner import Runner
+    from loadtest.workload import run_loop, run_workload
     tokenizer = _default_tokenizer()
     n = max(8, 2 * c)
     cfg = LoadTestConfig(url=url, num_prompts=n, max_concurrency=c, ignore_eos=True,
@@ -95,8 +94,7 @@ def drive(url: str, c: int, round_: int, args) -> dict:
                            False),
                           (token_prompts(tokenizer, n, args.input_len, args.output_len, seed),
                            True)):
-        outcome = run_loop(Runner(cfg, make_backend(cfg), show_progress=False)
-                           .run(prompts=prompts))
+        outcome = run_loop(run_workload(cfg, {"prompts": prompts}))
         if keep:
             s = summarize(outcome.records, outcome.duration, outcome.t0)
             row = {"requests": n, "failed": s["failed"], "mean_tpot_ms": s["mean_tpot_ms"],

@@ -1,9 +1,13 @@
-"""The summary table (laid out like `vllm bench serve`) and the result JSON."""
+"""The summary table (laid out like `vllm bench serve`), the run facts it shows, and the
+result JSON."""
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from pathlib import Path
+
+from loadtest.config import LoadTestConfig
 
 WIDTH = 50
 SECTIONS = (("ttft", "TTFT", "Time to First Token"),
@@ -94,6 +98,20 @@ def _server_lines(server: dict | None) -> list[str]:
               _row("Server preemptions:", server["preemptions"]),
               _row("Server admission rejections:", server["admission_rejections"])]
     return lines
+
+
+def run_facts(cfg: LoadTestConfig, model: str | None) -> dict:
+    """What the summary says about the run itself: target, transport and workload shape."""
+    rate = "inf" if math.isinf(cfg.request_rate) else cfg.request_rate
+    # Sessions always speak chat (WS `chat` turns, or /chat/completions over HTTP), and so
+    # does the Realtime API.
+    endpoint = "chat" if cfg.dataset == "sessions" or cfg.is_realtime else cfg.endpoint
+    return {"url": cfg.url, "endpoint": endpoint, "model": model,
+            "transport": "realtime" if cfg.is_realtime else "ws+msgpack" if cfg.use_msgpack
+            else ("ws" if cfg.is_websocket else "http"),
+            "dataset": cfg.dataset, "num_requests": cfg.num_requests, "request_rate": rate,
+            "burstiness": cfg.burstiness, "max_concurrency": cfg.max_concurrency,
+            "seed": cfg.seed, "percentiles": list(cfg.percentiles), "goodput_slos": cfg.goodput}
 
 
 def write_json(path: str | Path, result: dict, records) -> None:

@@ -51,7 +51,7 @@ def test_session_openers_replace_each_first_turn():
 
 
 def test_cli_first_turn_len_builds_long_openers():
-    from loadtest.cli import build_workload
+    from loadtest.workload import build_workload
 
     cfg = LoadTestConfig(dataset="sessions", num_sessions=2, turns=3, first_turn_len=40,
                          random_input_len=5)
