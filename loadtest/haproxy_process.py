@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadtest.server_process import free_port
+from loadtest.server_process import free_port, stop_process
 
 CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "haproxy" / "haproxy.cfg"
 NUM_SERVERS = 3  # server lines in the shipped config
@@ -114,11 +114,5 @@ class HaproxyProcess:
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)
         shutil.rmtree(self._dir, ignore_errors=True)

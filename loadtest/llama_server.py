@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadtest.server_process import REPO, free_port, http_get
+from loadtest.server_process import REPO, free_port, http_get, stop_process
 
 
 def find_llama_server(given: str | None) -> str | None:
@@ -60,10 +60,4 @@ class LlamaServer:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 30)

@@ -35,6 +35,18 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return 0, ""
 
 
+def stop_process(proc: subprocess.Popen | None, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within `grace_s` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class ServerProcess:
     """Starts `python -m gateway.cli serve ARGS --port P` and waits until /ready answers 200.
 
@@ -71,14 +83,7 @@ class ServerProcess:
 
     def stop(self) -> None:
         """SIGTERM (graceful drain), SIGKILL after 30 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 30)
 
     def log_tail(self, chars: int = 3000) -> str:
         self._log.seek(0)
