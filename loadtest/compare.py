@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import time
 
 from loadtest.config import LoadTestConfig
 from loadtest.datasets import Prompt
 from loadtest.metrics import summarize
+from loadtest.report import print_report
 from loadtest.server_process import ServerProcess
 from loadtest.workload import build_workload, run_loop, run_workload
 
@@ -286,10 +286,7 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, ValueError) as exc:
         print(f"loadtest.compare: {exc}", file=sys.stderr)
         return 1
-    print(text)
-    if args.result_json:
-        with open(args.result_json, "w") as f:
-            json.dump(report, f, indent=1)
+    print_report(text, report, args.result_json)
     return 0
 
 

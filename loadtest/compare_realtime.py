@@ -13,11 +13,11 @@ run's prefill done.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from loadtest.compare import _tokenizer_spec, add_common, log, run_online, serve_args
 from loadtest.config import LoadTestConfig
+from loadtest.report import print_report
 from loadtest.server_process import ServerProcess
 from loadtest.workload import build_workload
 
@@ -90,10 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, ValueError) as exc:
         print(f"loadtest.compare_realtime: {exc}", file=sys.stderr)
         return 1
-    print(format_report(report))
-    if args.result_json:
-        with open(args.result_json, "w") as f:
-            json.dump(report, f, indent=1)
+    print_report(format_report(report), report, args.result_json)
     return 0
 
 

@@ -5,7 +5,6 @@ rounds."""
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 
@@ -14,6 +13,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.llm import set_num_threads
 from loadtest import hf_peers, peer_bench
+from loadtest.report import print_report
 from loadtest.roofline import (SUSTAIN_S, Workload, around, bandwidth_ceiling,
                                compute_ceiling, measure_hardware)
 
@@ -71,10 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 _time_peer(peer, args, device, dtype, prompts, warmup))
     rows = {name: _best(runs) for name, runs in timings.items()}
     report = _report(args, device, dtype, rows, timings["tokenwire"])
-    print(_format(report))
-    if args.result_json:
-        with open(args.result_json, "w") as f:
-            json.dump(report, f, indent=2)
+    print_report(_format(report), report, args.result_json)
     return 0
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import sys
 import time
@@ -20,6 +19,7 @@ import psutil
 
 from loadtest.config import LoadTestConfig
 from loadtest.llama_server import LlamaServer, find_llama_server
+from loadtest.report import print_report
 from loadtest.server_process import ServerProcess
 
 PEERS = ("llama.cpp",)
@@ -71,10 +71,7 @@ def run_peer(args: argparse.Namespace) -> int:
         for name, pid in (("tokenwire", server.proc.pid), (args.peer, peer.proc.pid)):
             report[name] = {"rows": {c: median_row(runs) for c, runs in rounds[name].items()},
                             "rss_mib": rss_mib(pid)}
-    print(format_report(report))
-    if args.result_json:
-        with open(args.result_json, "w") as f:
-            json.dump(report, f, indent=2)
+    print_report(format_report(report), report, args.result_json)
     return 0
 
 

@@ -8,11 +8,11 @@ start-up time and each server's RSS after its run, side by side.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 from loadtest.peer_bench import drive, settled_rss_mib
+from loadtest.report import print_report
 from loadtest.server_process import ServerProcess
 
 
@@ -67,10 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     report = compare(args)
-    print(format_report(report))
-    if args.result_json:
-        with open(args.result_json, "w") as f:
-            json.dump(report, f, indent=2)
+    print_report(format_report(report), report, args.result_json)
     return 0
 
 

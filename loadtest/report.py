@@ -114,6 +114,14 @@ def run_facts(cfg: LoadTestConfig, model: str | None) -> dict:
             "seed": cfg.seed, "percentiles": list(cfg.percentiles), "goodput_slos": cfg.goodput}
 
 
+def print_report(text: str, report: dict, path: str | None) -> None:
+    """A one-command comparison's output: its table printed, its report written as JSON
+    to `path` when one is given."""
+    print(text)
+    if path:
+        Path(path).write_text(json.dumps(report, indent=1))
+
+
 def write_json(path: str | Path, result: dict, records) -> None:
     """The summary plus per-request lists (as vLLM's result JSON has them)."""
     done = [r for r in records if r.success]
