@@ -1,9 +1,9 @@
 """Transports behind one interface: `complete(prompt, record)` and `open_session()`.
 
-WsBackend keeps a pool of idle sockets (one request per socket at a time, like an HTTP
-keep-alive pool); a session holds its own socket and sends `chat` turns, so its history
-and prefix cache live on the server. HttpBackend speaks OpenAI SSE; its sessions keep the
-history on the client and resend it each turn, as a chat app over HTTP does.
+WsBackend keeps a SocketPool of idle sockets (loadtest/socket_pool.py); a session holds
+its own socket and sends `chat` turns, so its history and prefix cache live on the
+server. HttpBackend speaks OpenAI SSE; its sessions keep the history on the client and
+resend it each turn, as a chat app over HTTP does.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import aiohttp
 from loadtest.datasets import Prompt, request_params
 from loadtest.http_client import build_body, fetch_model, stream
 from loadtest.records import RequestRecord
-from loadtest.ws_client import ConnectFailed
+from loadtest.socket_pool import SocketPool
 from loadtest.ws_client import WsConnection
 from loadtest.ws_session import WsSession
 
@@ -29,22 +29,21 @@ class WsBackend:
         self.url, self.endpoint, self.use_msgpack = url, endpoint, use_msgpack
         self.temperature, self.ignore_eos = temperature, ignore_eos
         self.connect_timeout_s = connect_timeout_s
-        self.http: aiohttp.ClientSession | None = None
+        self.pool = SocketPool(self._open)  # WsSession opens and forgets its own through it
         self.model: str | None = None
-        self._idle: list[WsConnection] = []
-        self._all: set[WsConnection] = set()
+
+    async def _open(self, http: aiohttp.ClientSession,
+                    session_id: str | None = None) -> WsConnection:
+        """A new socket, resuming `session_id` when given."""
+        return await WsConnection.open(http, self.url, self.use_msgpack,
+                                       self.connect_timeout_s, session_id)
 
     async def start(self) -> None:
-        self.http = aiohttp.ClientSession()
-        first = await self.connect()
-        self.model = first.hello.get("model")
-        self._idle.append(first)
+        self.model = (await self.pool.start()).hello.get("model")
 
     async def complete(self, prompt: Prompt, record: RequestRecord) -> None:
-        try:
-            conn = self._idle.pop() if self._idle else await self.connect()
-        except ConnectFailed as exc:
-            record.fail(exc.code, str(exc))
+        conn = await self.pool.take(record)
+        if conn is None:
             return
         if self.endpoint == "chat":
             body = {"messages": [{"role": "user", "content": prompt.text}]}
@@ -52,32 +51,13 @@ class WsBackend:
             body = {"prompt": completion_prompt(prompt)}
         params = request_params(prompt, self.temperature, self.ignore_eos)
         await conn.request({"type": "generate", **body, "params": params}, record)
-        if record.error_code != "disconnected":
-            self._idle.append(conn)
+        self.pool.put_back(conn, record)
 
     async def open_session(self) -> WsSession:
-        return WsSession(self, await self.connect())
+        return WsSession(self, await self.pool.connect())
 
     async def close(self) -> None:
-        for conn in list(self._all):
-            await conn.close()
-        if self.http is not None:
-            await self.http.close()
-
-    async def connect(self, session_id: str | None = None) -> WsConnection:
-        """A new socket (resuming `session_id` when given), or ConnectFailed."""
-        try:
-            conn = await WsConnection.open(self.http, self.url, self.use_msgpack,
-                                           self.connect_timeout_s, session_id)
-        except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
-            raise ConnectFailed(connect_code(exc), repr(exc)) from exc
-        self._all.add(conn)
-        return conn
-
-    async def forget(self, conn: WsConnection) -> None:
-        """Close a socket the caller is done with."""
-        self._all.discard(conn)
-        await conn.close()
+        await self.pool.close()
 
 
 class HttpBackend:
@@ -136,9 +116,3 @@ class HttpSession:
     async def close(self) -> None:
         pass
 
-
-def connect_code(exc: BaseException) -> str:
-    if isinstance(exc, aiohttp.WSServerHandshakeError):
-        return {401: "unauthorized", 403: "unauthorized", 429: "rate_limited",
-                503: "overloaded"}.get(exc.status, f"http_{exc.status}")
-    return "connect_failed"

@@ -2,9 +2,9 @@
 
 A stateless prompt is an out-of-band response (`conversation: "none"`, the prompt as its
 `input`), so it reaches the model as /v1/ws `generate` with `messages` does; a session
-turn is a user item plus an in-band response. One response at a time per socket (a pool
-of idle sockets, as WsBackend keeps). Deltas carry no token count: each counts one, and
-the total comes from response.done's usage.
+turn is a user item plus an in-band response. One response at a time per socket (a
+SocketPool of idle sockets, as WsBackend keeps). Deltas carry no token count: each counts
+one, and the total comes from response.done's usage.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import time
 
 import aiohttp
 
-from loadtest.backends import ConnectFailed, connect_code
 from loadtest.datasets import Prompt
 from loadtest.records import RequestRecord
+from loadtest.socket_pool import SocketPool
 
 # response.done status -> the finish_reason the metrics use
 _FINISH = {"completed": "stop", "incomplete": "length", "cancelled": "cancelled",
@@ -93,45 +93,29 @@ class RealtimeBackend:
 
     def __init__(self, url: str, temperature: float, connect_timeout_s: float = 30.0):
         self.url, self.temperature, self.connect_timeout_s = url, temperature, connect_timeout_s
-        self.http: aiohttp.ClientSession | None = None
+        self.pool = SocketPool(self._open)
         self.model: str | None = None
-        self._idle: list[RtConnection] = []
-        self._all: set[RtConnection] = set()
+
+    async def _open(self, http: aiohttp.ClientSession) -> RtConnection:
+        return await RtConnection.open(http, self.url, self.connect_timeout_s)
 
     async def start(self) -> None:
-        self.http = aiohttp.ClientSession()
-        first = await self._connect()
-        self.model = first.session.get("model")
-        self._idle.append(first)
+        self.model = (await self.pool.start()).session.get("model")
 
     async def complete(self, prompt: Prompt, record: RequestRecord) -> None:
-        try:
-            conn = self._idle.pop() if self._idle else await self._connect()
-        except ConnectFailed as exc:
-            record.fail(exc.code, str(exc))
+        conn = await self.pool.take(record)
+        if conn is None:
             return
         response = {**response_config(prompt, self.temperature), "conversation": "none",
                     "input": [user_message(prompt.text)]}
         await conn.respond([{"type": "response.create", "response": response}], record)
-        if record.error_code != "disconnected":
-            self._idle.append(conn)
+        self.pool.put_back(conn, record)
 
     async def open_session(self) -> "RealtimeSession":
-        return RealtimeSession(self, await self._connect())
+        return RealtimeSession(self, await self.pool.connect())
 
     async def close(self) -> None:
-        for conn in list(self._all):
-            await conn.close()
-        if self.http is not None:
-            await self.http.close()
-
-    async def _connect(self) -> RtConnection:
-        try:
-            conn = await RtConnection.open(self.http, self.url, self.connect_timeout_s)
-        except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
-            raise ConnectFailed(connect_code(exc), repr(exc)) from exc
-        self._all.add(conn)
-        return conn
+        await self.pool.close()
 
 
 class RealtimeSession:
@@ -147,8 +131,7 @@ class RealtimeSession:
              "response": response_config(prompt, self.backend.temperature)}], record)
 
     async def close(self) -> None:
-        self.backend._all.discard(self.conn)
-        await self.conn.close()
+        await self.backend.pool.forget(self.conn)
 
 
 def user_message(text: str) -> dict:

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from loadtest.arrivals import paced
-from loadtest.backends import ConnectFailed
 from loadtest.config import LoadTestConfig
 from loadtest.datasets import Prompt
 from loadtest.records import RequestRecord
+from loadtest.ws_client import ConnectFailed
 
 
 @dataclass

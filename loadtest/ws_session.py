@@ -65,7 +65,7 @@ class WsSession:
         (if not, the session goes on as the new one the server made). ConnectFailed once
         the backend's connect timeout passes with no replica taking it."""
         old = self.conn
-        await self.backend.forget(old)
+        await self.backend.pool.forget(old)
         if old.draining is not None:
             wait_ms = old.draining.get("reconnect_after_ms") or 0
             await asyncio.sleep(random.uniform(0.5, 1.0) * wait_ms / 1000)
@@ -74,7 +74,7 @@ class WsSession:
         backoff = FIRST_BACKOFF_S
         while True:
             try:
-                self.conn = await self.backend.connect(self.session_id)
+                self.conn = await self.backend.pool.connect(self.session_id)
                 break
             except ConnectFailed:
                 if loop.time() + backoff > deadline:
@@ -86,4 +86,4 @@ class WsSession:
         return bool(self.conn.hello.get("resumed"))
 
     async def close(self) -> None:
-        await self.backend.forget(self.conn)
+        await self.backend.pool.forget(self.conn)
