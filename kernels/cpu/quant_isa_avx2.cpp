@@ -28,6 +28,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 
+#include "quant_tiles.h"  // after the target: its loops compile for AVX2
+
 namespace tokenwire::quant::avx2 {
 namespace {
 
@@ -215,30 +217,12 @@ template <int Bits, int Sub, bool Half>
   return hsum(_mm256_add_ps(acc, acc_offsets));
 }
 
-// Blocks of weight rows x activation rows, as in the AVX-512 path: a weight row's codes stay
-// in L1 while a block of activation rows passes.
-constexpr int64_t kTileRows = 16;
-
+// What gemm_tiles (quant_tiles.h) runs: single rows (no multi-row dot here).
 template <int Bits, int Sub, bool Half>
-void gemm_layout(const Gemm& g, int64_t n_begin, int64_t n_end) {
-  const int64_t n = g.w.n;
-  for (int64_t j0 = n_begin; j0 < n_end; j0 += kTileRows) {
-    for (int64_t m0 = 0; m0 < g.x.m; m0 += kTileRows) {
-      const int64_t m1 = std::min(g.x.m, m0 + kTileRows);
-      for (int64_t j = j0; j < std::min(n_end, j0 + kTileRows); ++j) {
-        const float bias = g.bias ? g.bias[j] : 0.f;
-        for (int64_t m = m0; m < m1; ++m)
-          g.out[m * n + j] = dot<Bits, Sub, Half>(g, j, m) + bias;
-      }
-    }
-  }
-}
-
-template <int Bits, int Sub>
-void gemm_bits_sub(const Gemm& g, int64_t n_begin, int64_t n_end) {
-  if (g.w.half) return gemm_layout<Bits, Sub, true>(g, n_begin, n_end);
-  gemm_layout<Bits, Sub, false>(g, n_begin, n_end);
-}
+struct Kernel {
+  static constexpr int64_t kRows = 1;
+  static float row(const Gemm& g, int64_t j, int64_t m) { return dot<Bits, Sub, Half>(g, j, m); }
+};
 
 // A group's 8 (sub 16) or 4 (sub 32, zeros after) scales or offsets as floats.
 inline __m256 group_params(const void* row, bool half, int sub, int64_t g) {
@@ -432,14 +416,7 @@ void gemm_unpacked(const Weights& w, const float* xt, int64_t m, int64_t k, cons
   }
 }
 
-void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
-  if (g.w.bits == 4) {
-    if (g.w.sub == 32) return gemm_bits_sub<4, 32>(g, n_begin, n_end);
-    return gemm_bits_sub<4, 16>(g, n_begin, n_end);
-  }
-  if (g.w.sub == 32) return gemm_bits_sub<8, 32>(g, n_begin, n_end);
-  gemm_bits_sub<8, 16>(g, n_begin, n_end);
-}
+void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) { gemm_any<Kernel>(g, n_begin, n_end); }
 
 }  // namespace tokenwire::quant::avx2
 

@@ -33,6 +33,8 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #endif
 
+#include "quant_tiles.h"  // after the target: its loops compile for AVX-512
+
 namespace tokenwire::quant::avx512 {
 namespace {
 
@@ -87,25 +89,18 @@ inline __m512 levels(__m512i s) {
   return _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(float(1 << kLevelShift)));
 }
 
+// A group's kGroup / Sub scales, offsets, d or sums of a row from `first` (4 at sub 32, 8 at
+// sub 16) in the low lanes, zeros above.
 template <int Sub, bool Half>
 inline __m512 load_params(const void* row, int64_t first) {
-  if constexpr (Sub == 32) {
-    __m128 v;
-    if constexpr (Half)
-      v = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
-          static_cast<const uint16_t*>(row) + first)));
-    else
-      v = _mm_loadu_ps(static_cast<const float*>(row) + first);
-    return _mm512_zextps128_ps512(v);
-  } else {
-    __m256 v;
-    if constexpr (Half)
-      v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
-          static_cast<const uint16_t*>(row) + first)));
-    else
-      v = _mm256_loadu_ps(static_cast<const float*>(row) + first);
-    return _mm512_zextps256_ps512(v);
-  }
+  const auto* halves = reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + first);
+  const float* floats = static_cast<const float*>(row) + first;
+  if constexpr (Sub == 32)
+    return _mm512_zextps128_ps512(Half ? _mm_cvtph_ps(_mm_loadl_epi64(halves))
+                                       : _mm_loadu_ps(floats));
+  else
+    return _mm512_zextps256_ps512(Half ? _mm256_cvtph_ps(_mm_loadu_si128(halves))
+                                       : _mm256_loadu_ps(floats));
 }
 
 // The group's sub-block of each lane (lane / 4 is its block) in run h: b, or 2b + h (sub 16).
@@ -126,17 +121,23 @@ inline __m512i interleave_sums(const __m512i* s) {
 }
 
 template <int Bits, int Sub, bool Half>
-struct Row {  // one weight row's codes, scales and offsets
+struct Row {  // one weight row's codes, scales and offsets, a group at a time
+  static constexpr int kSubs = kGroup / Sub;         // sub-blocks (scales) per group
+  static constexpr int kHalves = Sub == 32 ? 1 : 2;  // runs with scales of their own
   int64_t stride;  // bytes of codes per row
+  int64_t groups;
   const uint8_t* codes;
   const void* scales;
   const void* offsets;
+  __m512i idx[2];  // lane_subs of run 0 and run 1
 
   Row(const Weights& w, int64_t j)
       : stride(code_bytes(w.kp, Bits)),
+        groups(w.kp / kGroup),
         codes(w.codes + j * stride),
         scales(static_cast<const char*>(w.scales) + j * (w.kp / Sub) * (Half ? 2 : 4)),
-        offsets(static_cast<const char*>(w.offsets) + j * (w.kp / Sub) * (Half ? 2 : 4)) {}
+        offsets(static_cast<const char*>(w.offsets) + j * (w.kp / Sub) * (Half ? 2 : 4)),
+        idx{lane_subs<Sub>(0), lane_subs<Sub>(1)} {}
 
   // Codes of group g (prefetching the same group kAhead rows on).
   void group(int64_t g, __m512i& lo, __m512i& hi) const {
@@ -145,27 +146,36 @@ struct Row {  // one weight row's codes, scales and offsets
       _mm_prefetch(reinterpret_cast<const char*>(at + kAhead * stride + 64 * c), _MM_HINT_T0);
     load_codes<Bits>(at, lo, hi);
   }
+
+  // Group g's scales or offsets, zero-padded (load_params).
+  __m512 scale(int64_t g) const { return load_params<Sub, Half>(scales, g * kSubs); }
+  __m512 offset(int64_t g) const { return load_params<Sub, Half>(offsets, g * kSubs); }
+
+  // Per-sub-block values (as load_params lays them) moved to the lanes of run h's dots.
+  __m512 to_lanes(__m512 v, int h) const { return _mm512_permutexvar_ps(idx[h], v); }
 };
 
 // Weight row j against activation row `row`.
 template <int Bits, int Sub, bool Half>
 float dot_row(const Gemm& g, int64_t j, int64_t row) {
-  constexpr int kSubs = kGroup / Sub, kHalves = Sub == 32 ? 1 : 2;
+  using W = Row<Bits, Sub, Half>;
+  const W w(g.w, j);
   const Activations& x = g.x;
-  const Row<Bits, Sub, Half> w(g.w, j);
-  const int64_t subs = g.w.kp / Sub;
-  const __m512i idx[2] = {lane_subs<Sub>(0), lane_subs<Sub>(1)};
+  const float* d = x.d + row * (g.w.kp / Sub);
+  const float* sums = x.sums + row * (g.w.kp / Sub);
+  // The row's levels addressed once, not per group: a decode row at k = 576 is 5 groups, and
+  // the per-group address arithmetic cost it ~10%.
+  const int8_t* const p[kSimdLevels] = {x.p[0] + row * x.kp, x.p[1] + row * x.kp};
   __m512 acc = _mm512_setzero_ps();
-  for (int64_t gi = 0; gi < g.w.kp / kGroup; ++gi) {
+  for (int64_t gi = 0; gi < w.groups; ++gi) {
     __m512i lo, hi;
     w.group(gi, lo, hi);
-    const Dots s = dots<Sub>(lo, hi, x.p, row * x.kp + gi * kGroup);
-    const __m512 ds = _mm512_mul_ps(load_params<Sub, Half>(w.scales, gi * kSubs),
-                                    load_params<Sub, false>(x.d + row * subs, gi * kSubs));
-    for (int h = 0; h < kHalves; ++h)
-      acc = _mm512_fmadd_ps(levels(s.s[h]), _mm512_permutexvar_ps(idx[h], ds), acc);
-    acc = _mm512_fmadd_ps(load_params<Sub, Half>(w.offsets, gi * kSubs),  // zero-padded
-                          load_params<Sub, false>(x.sums + row * subs, gi * kSubs), acc);
+    const Dots s = dots<Sub>(lo, hi, p, gi * kGroup);
+    const __m512 ds = _mm512_mul_ps(w.scale(gi), load_params<Sub, false>(d, gi * W::kSubs));
+    for (int h = 0; h < W::kHalves; ++h)
+      acc = _mm512_fmadd_ps(levels(s.s[h]), w.to_lanes(ds, h), acc);
+    // offsets . sums lane by lane: both laid out (and zero-padded) alike
+    acc = _mm512_fmadd_ps(w.offset(gi), load_params<Sub, false>(sums, gi * W::kSubs), acc);
   }
   return _mm512_reduce_add_ps(acc);
 }
@@ -173,28 +183,23 @@ float dot_row(const Gemm& g, int64_t j, int64_t row) {
 // Weight row j against the 4 activation rows of tile q: out[r] for r = 0..3.
 template <int Bits, int Sub, bool Half>
 void dot_tile(const Gemm& g, int64_t j, int64_t q, float* out) {
-  constexpr int kSubs = kGroup / Sub, kHalves = Sub == 32 ? 1 : 2;
+  using W = Row<Bits, Sub, Half>;
+  const W w(g.w, j);
   const Activations& x = g.x;
-  const Row<Bits, Sub, Half> w(g.w, j);
-  const int64_t groups = g.w.kp / kGroup;
-  const __m512i idx[2] = {lane_subs<Sub>(0), lane_subs<Sub>(1)};
   __m512 acc = _mm512_setzero_ps();
-  for (int64_t gi = 0; gi < groups; ++gi) {
+  for (int64_t gi = 0; gi < w.groups; ++gi) {
     __m512i lo, hi, s[2][4];
     w.group(gi, lo, hi);
     for (int r = 0; r < 4; ++r) {
       const Dots dr = dots<Sub>(lo, hi, x.p, (4 * q + r) * x.kp + gi * kGroup);
-      for (int h = 0; h < kHalves; ++h) s[h][r] = dr.s[h];
+      for (int h = 0; h < W::kHalves; ++h) s[h][r] = dr.s[h];
     }
-    const __m512 scale = load_params<Sub, Half>(w.scales, gi * kSubs);
-    const __m512 offset = load_params<Sub, Half>(w.offsets, gi * kSubs);
-    for (int h = 0; h < kHalves; ++h) {
-      const int64_t at = ((q * groups + gi) * kHalves + h) * 16;
-      const __m512 ds = _mm512_mul_ps(_mm512_permutexvar_ps(idx[h], scale),
-                                      _mm512_loadu_ps(x.d4 + at));
+    const __m512 scale = w.scale(gi), offset = w.offset(gi);
+    for (int h = 0; h < W::kHalves; ++h) {
+      const int64_t at = ((q * w.groups + gi) * W::kHalves + h) * 16;  // Activations::d4
+      const __m512 ds = _mm512_mul_ps(w.to_lanes(scale, h), _mm512_loadu_ps(x.d4 + at));
       acc = _mm512_fmadd_ps(levels(interleave_sums(s[h])), ds, acc);
-      acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx[h], offset), _mm512_loadu_ps(x.sums4 + at),
-                            acc);
+      acc = _mm512_fmadd_ps(w.to_lanes(offset, h), _mm512_loadu_ps(x.sums4 + at), acc);
     }
   }
   // lanes 4b + r -> row r: add the blocks
@@ -203,36 +208,17 @@ void dot_tile(const Gemm& g, int64_t j, int64_t q, float* out) {
   _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(b01), _mm256_extractf128_ps(b01, 1)));
 }
 
-// Blocks of kTileRows weight rows x kTileRows activation rows: the weight rows stream from
-// memory once, in order (one row at a time: interleaving rows defeats the hardware
-// prefetcher on these CPUs), and a block of activation rows stays in L1 while they pass.
-constexpr int64_t kTileRows = 16;
-
+// What gemm_tiles (quant_tiles.h) runs: tiles of 4 activation rows, then single rows.
 template <int Bits, int Sub, bool Half>
-void gemm_layout(const Gemm& g, int64_t n_begin, int64_t n_end) {
-  const int64_t n = g.w.n;
-  for (int64_t j0 = n_begin; j0 < n_end; j0 += kTileRows) {
-    for (int64_t m0 = 0; m0 < g.x.m; m0 += kTileRows) {
-      const int64_t m1 = std::min(g.x.m, m0 + kTileRows);
-      for (int64_t j = j0; j < std::min(n_end, j0 + kTileRows); ++j) {
-        const float bias = g.bias ? g.bias[j] : 0.f;
-        int64_t m = m0;
-        for (; m + 4 <= m1; m += 4) {
-          float out[4];
-          dot_tile<Bits, Sub, Half>(g, j, m / 4, out);
-          for (int r = 0; r < 4; ++r) g.out[(m + r) * n + j] = out[r] + bias;
-        }
-        for (; m < m1; ++m) g.out[m * n + j] = dot_row<Bits, Sub, Half>(g, j, m) + bias;
-      }
-    }
+struct Kernel {
+  static constexpr int64_t kRows = 4;
+  static void tile(const Gemm& g, int64_t j, int64_t q, float* out) {
+    dot_tile<Bits, Sub, Half>(g, j, q, out);
   }
-}
-
-template <int Bits, int Sub>
-void gemm_bits_sub(const Gemm& g, int64_t n_begin, int64_t n_end) {
-  if (g.w.half) return gemm_layout<Bits, Sub, true>(g, n_begin, n_end);
-  gemm_layout<Bits, Sub, false>(g, n_begin, n_end);
-}
+  static float row(const Gemm& g, int64_t j, int64_t m) {
+    return dot_row<Bits, Sub, Half>(g, j, m);
+  }
+};
 
 }  // namespace
 
@@ -290,14 +276,7 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int sub, int8_t* p, int
   }
 }
 
-void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) {
-  if (g.w.bits == 4) {
-    if (g.w.sub == 32) return gemm_bits_sub<4, 32>(g, n_begin, n_end);
-    return gemm_bits_sub<4, 16>(g, n_begin, n_end);
-  }
-  if (g.w.sub == 32) return gemm_bits_sub<8, 32>(g, n_begin, n_end);
-  gemm_bits_sub<8, 16>(g, n_begin, n_end);
-}
+void gemm(const Gemm& g, int64_t n_begin, int64_t n_end) { gemm_any<Kernel>(g, n_begin, n_end); }
 
 }  // namespace tokenwire::quant::avx512
 
