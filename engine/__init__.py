@@ -1,4 +1,4 @@
-"""tokenwire's engine: continuous batching over a paged KV cache (see DESIGN.md, Engine).
+"""tokenwire's engine: continuous batching over a paged KV cache (docs/engine.md).
 
 The names below load on first use, so that `engine.errors` and `engine.outputs` (plain
 Python) can be imported by the scheduler and the gateway without loading torch.

@@ -7,7 +7,7 @@ on its own seed and history, never on its batch. The race, not one uniform again
 running sum of p (inverse transform, far less noise to draw), because a winner moves only
 where two of its ratios are close: the running sum moves with every earlier token's
 probability, and the prefix cache or a batch's size (which picks the CPU matmul's path)
-changes logits by ~1e-3, enough that a seeded request's samples changed with them.
+changes logits by ~1e-3, enough to change a seeded request's samples.
 Results stay on the device until one host copy per step.
 """
 from __future__ import annotations
@@ -23,11 +23,10 @@ from engine.request import Request
 from engine.sampling_params import SamplingParams
 
 # On CPU top-p looks at a row's 256 most likely tokens first, then at its 1024 where those
-# do not hold the nucleus, and sorts the whole vocabulary only where 1024 do not either
-# (topk(256) of 32 rows of 49k takes ~4 ms on 2 Zen 3 cores, topk(1024) 9 ms, a sort ~25).
-# On SmolLM2-135M's own logits, 32 rows at top_p 0.9, against 1024 first: 2.3x and 1.65x
-# as fast over a story it wrote (temperature 0.7 and 1), 2.5x over its docs page at 0.7 and
-# 0.98x at 1, where many nuclei pass 1024 and are sorted either way (`python -m
+# do not hold the nucleus, and sorts the whole vocabulary only where 1024 do not either:
+# a topk of 256 costs about half one of 1024 and a sixth of a sort, and many nuclei fit in
+# 256 (where many pass 1024 they are sorted either way). Timings and the speed-up on the
+# default model's own logits: docs/benchmarks.md, "Sampling on CPU" (`python -m
 # loadtest.sampler_bench --model-logits`).
 TOP_P_CANDIDATES = (256, 1024)
 
@@ -79,7 +78,7 @@ class Sampler:
         (ziggurat, written in place): torch's CPU exponential_ takes a logarithm per entry,
         one at a time, 3-5x as long for a 49k vocabulary (python -m loadtest.sampler_bench).
         numpy releases the GIL while it fills a row, so on CPU the rows are split over
-        torch's threads (the noise was most of a 32-row step's sampling); a row's draws
+        torch's threads (the noise is most of a 32-row step's sampling); a row's draws
         come from its own generator whichever thread makes them, so results do not change."""
         if not rows or rows[0][0].device.type != "cpu":
             for row, gen in rows:

@@ -26,8 +26,8 @@ def find_llama_server(given: str | None) -> str | None:
 def peer_env(env) -> dict[str, str]:
     """llama-server's environment: ours without OMP_WAIT_POLICY. tokenwire's commands may
     set it PASSIVE for themselves (gateway/cli.py), and llama.cpp's OpenMP threads, which
-    wait between the graph's ops, then sleep and wake late: c=1 TPOT 23.6 ms against
-    8.5 ms with its default spinning, measured on the 2-core AMD EPYC box."""
+    wait between the graph's ops, then sleep and wake late: its c=1 TPOT is then nearly
+    three times what it is with their default spinning (docs/benchmarks.md)."""
     return {k: v for k, v in env.items() if k != "OMP_WAIT_POLICY"}
 
 

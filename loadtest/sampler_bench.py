@@ -3,7 +3,7 @@ vocabulary (SmolLM2's), greedy, `temperature: 1` and `top_p: 0.9`, and beside it
 sources of a row's Exp(1) noise the sampler could use (numpy's PCG64, which it does use on
 CPU, and torch's `exponential_`), and 32 rows' noise drawn on one thread against split over
 torch's threads as the sampler draws it. With --model-logits: top-p's candidate widths
-(TOP_P_CANDIDATES against 1024 first, as before) on 32 rows of the default model's own
+(TOP_P_CANDIDATES against trying 1024 first) on 32 rows of the default model's own
 logits, over a story it writes and over a docs page it reads, at temperature 0.7 and 1.
 
     python -m loadtest.sampler_bench [--vocab 49152] [--repeats 200] [--model-logits]
@@ -72,11 +72,11 @@ def top_p_widths(repeats: int) -> None:
         for temperature in (0.7, 1.0):
             probs = torch.softmax(rows / temperature, dim=-1)
             top_p = torch.full((32, 1), 0.9)
-            before = median_ms(lambda: top_p_filter(probs, top_p, (1024,)), repeats)
-            now = median_ms(lambda: top_p_filter(probs, top_p, TOP_P_CANDIDATES), repeats)
+            wide = median_ms(lambda: top_p_filter(probs, top_p, (1024,)), repeats)
+            narrow = median_ms(lambda: top_p_filter(probs, top_p, TOP_P_CANDIDATES), repeats)
             print(f"top_p 0.9, 32 rows of the default model's logits ({name}, temperature "
-                  f"{temperature}): 1024 first {before:.2f}, {TOP_P_CANDIDATES} {now:.2f} "
-                  f"({before / now:.2f}x)")
+                  f"{temperature}): 1024 first {wide:.2f}, {TOP_P_CANDIDATES} {narrow:.2f} "
+                  f"({wide / narrow:.2f}x)")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Client side of WebSocket protocol v1 (DESIGN.md): `generate` and session `chat` turns.
+"""Client side of WebSocket protocol v1 (docs/protocol.md): `generate` and session `chat` turns.
 
 One reader task per socket stamps every frame on arrival and routes it by `id` to the
 waiting request, so a request's timings never wait on another request's handling.

@@ -5,9 +5,9 @@
 #
 #   bash scripts/build_llama_server.sh            # -> ~/.cache/tokenwire/llama.cpp/.../llama-server
 #
-# ISA flags are named one by one (GGML_NATIVE=OFF): with GGML_NATIVE=ON the build
-# segfaulted on the Xeon box this was benchmarked on. Set LLAMA_ISA_FLAGS to override
-# (say, "-DGGML_AVX512=OFF ..." for a CPU without AVX-512).
+# ISA flags are named one by one (GGML_NATIVE=OFF): a GGML_NATIVE=ON build can segfault
+# (docs/quantization.md), and named flags build the same binary on every host. Set
+# LLAMA_ISA_FLAGS to override (say, "-DGGML_AVX512=OFF ..." for a CPU without AVX-512).
 set -euo pipefail
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 ROOT="${TOKENWIRE_CACHE_DIR:-$HOME/.cache/tokenwire}/llama.cpp"

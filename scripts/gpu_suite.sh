@@ -94,7 +94,7 @@ bench() {  # bench MODEL [JSON]: tokenwire bench with the HF peers on dummy:MODE
         --num-prompts 256 --input-len 512 --output-len 256 --peers "${PEERS:-auto}" "${json[@]}"
 }
 
-compare() {  # issue 14's item 4, on the 1B shape: one log for both, both run, either fails it
+compare() {  # online vs offline, then the prefix cache, on the 1B shape: both run, either fails
     step compare bash -c 'python3 -m loadtest.compare offline --model dummy:llama-3.2-1b \
         --device cuda --dtype bfloat16 --concurrency 64,256 --input-len 512 --output-len 256
         offline=$?

@@ -2,8 +2,8 @@
 forward pass of the same weights) on this CPU. Its quantized matmuls round a step's
 activations to int8 levels: portable's dots read three, the AVX2 and AVX-512 dots two.
 `python -m loadtest.logprob_error` measures the distances (12 prompts x 32 tokens, greedy
-and 4 sampled runs, 11,520 values an instruction set; docs/quantization.md has the run, on
-an Intel Xeon): three levels, median 1.3e-5 and at most 1.9e-4; two levels, median 7.5e-4
+and 4 sampled runs, 11,520 values an instruction set; docs/quantization.md has the run and
+its device): three levels, median 1.3e-5 and at most 1.9e-4; two levels, median 7.5e-4
 (AVX2) and 1.1e-3 (AVX-512), at most 1.8e-2 and 2.4e-2. The bounds below leave each a
 factor of 2 to 4. AVX-512 dots made to read one level put a logprob 0.66 off: 13 times
 the bound.

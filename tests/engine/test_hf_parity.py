@@ -2,7 +2,7 @@
 quantized matmuls round a decode step's activations (docs/quantization.md), so where HF's
 two likeliest tokens lie within that rounding's logprob error of each other the engine may
 take the other one: at most one prompt of the nine may part from HF, and only at such a
-tie (issue 18: at least 8 of 9 whole)."""
+tie (at least 8 of 9 whole: docs/quantization.md)."""
 import pytest
 import torch
 from logprob_tolerance import logprob_tolerance

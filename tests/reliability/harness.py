@@ -22,7 +22,7 @@ from .probe import PROBE_FILE_ENV
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 180.0
 FRAME_TIMEOUT_S = 60.0
-# The codes DESIGN.md lists for `error` frames.
+# The codes docs/protocol.md lists for `error` frames.
 ERROR_CODES = frozenset({
     "invalid_json", "invalid_request", "unknown_type", "duplicate_id", "not_found", "busy",
     "too_large", "overloaded", "rate_limited", "unauthorized", "draining", "internal",

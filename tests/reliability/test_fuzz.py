@@ -3,12 +3,13 @@
 Over 10,000 generated frames, FRAMES_PER_SOCKET per connection, JSON and msgpack sockets.
 A third of them are valid chat and generate requests that reach generation; the rest are
 junk frames and frames valid but for one hostile number (see fuzz_frames.py). Every frame
-must get exactly one terminal reply: `done`, or an `error` with a code DESIGN.md defines
-(never `internal`: that is a server fault), or the answer of a harmless message (a
+must get exactly one terminal reply: `done`, or an `error` with a code docs/protocol.md
+defines (never `internal`: that is a server fault), or the answer of a harmless message (a
 session.update or reset may answer after the batch's closing ping, once its save is done).
 Each valid request's terminal reply carries its id. The socket must stay open, the server
 alive with no traceback in its log and every KV block free at the end. The explicit
-examples are frames that once killed a socket.
+examples are known crashers (deep nesting, huge numbers, ill-typed params), sent first on
+every run so that one coming back fails at once.
 """
 from __future__ import annotations
 

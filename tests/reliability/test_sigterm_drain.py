@@ -13,8 +13,8 @@ import aiohttp
 from .harness import connect
 
 NUM_STREAMS = 50
-# Long enough for a 16-token stream to finish among 32 on a 2-core AVX2 box (12 s was
-# not: every stream was cut there); 1024-token ones still take minutes on any CPU.
+# Long enough for a 16-token stream to finish among 32 on a 2-core AVX2 box (at 12 s every
+# stream is cut); 1024-token ones still take minutes on any CPU.
 DRAIN_TIMEOUT_S = 20.0
 SHORT_TOKENS, LONG_TOKENS = 16, 1024
 STARTED_BEFORE_SIGTERM = 20  # streams with a first delta when the signal goes
