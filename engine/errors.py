@@ -19,9 +19,10 @@ class InvalidRequestError(EngineError, ValueError):
 
     code = "invalid_request"
 
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
         self.field = field
+        self.problem = problem
 
 
 class PromptTooLongError(EngineError, ValueError):

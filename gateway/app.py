@@ -1,70 +1,71 @@
-"""The aiohttp application: routes, shared state, lifecycle and graceful drain.
+"""The aiohttp application: routes, shared state, each resource's lifecycle, the drain.
 
-    build_app(config, engine | engine_factory, store)
-      cleanup_ctx: load + start the engine (in the background: /health and /ready answer
-                   while the model loads) ... stop it and close the store
+    build_app(config, scheduler, store)
+      cleanup_ctx, one per resource, started in this order and stopped in reverse:
+        store      closed last (the app owns the store it is given)
+        scheduler  admission and NVML sampling; refuses what is still queued on stop
+        model      loaded in the background (/health and /ready answer meanwhile), stopped
+        watcher    marks the model failed once its engine dies
       on_shutdown: close every open socket (1012 after a drain, else 1001)
     drain(app): /ready -> 503, `draining` to every socket, in-flight work finishes up to
                 drain_timeout_s, the rest is cancelled, sockets close with 1012; all done
-                within drain_timeout_s + drain_grace_s
+                within drain_timeout_s + drain_grace_s (clients reconnect elsewhere with
+                ?session_id=)
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import WSCloseCode, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from engine.async_engine import AsyncEngine
-from gateway import openai_api
-from gateway.gate import Gate
+from gateway import openai
 from gateway.config import GatewayConfig
-from gateway.metrics import GpuSampler, Metrics
+from gateway.metrics import Metrics
 from gateway.realtime.route import realtime_handler
-from gateway.session_store import MemorySessionStore, SessionStore
-from gateway.sessions import SessionRegistry
-from gateway.state import RUNTIME, Runtime
-from gateway.ws import ws_handler
-from scheduler.config import SchedulerConfig
+from gateway.runtime import RUNTIME, Runtime
+from gateway.sessions.store import MemorySessionStore
+from gateway.sessions.registry import SessionRegistry
+from gateway.sessions.store import SessionStore
+from gateway.ws.route import ws_handler
+from scheduler.door import Scheduler
+from scheduler.metrics import register_metrics
 
-log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 CLOSE_SERVICE_RESTART = 1012
 
 
-def build_app(config: GatewayConfig, *, engine: AsyncEngine | None = None,
-              engine_factory: Callable[[], AsyncEngine] | None = None,
-              store: SessionStore | None = None,
-              gpu_sampler: GpuSampler | None = None,
-              scheduler_config: SchedulerConfig | None = None,
-              on_ready: Callable[[], None] | None = None) -> web.Application:
-    """An app serving `engine` (already started, owned by the caller) or the engine that
-    `engine_factory` builds (loaded in a thread, started and stopped by the app).
-    `scheduler_config` sets admission and backpressure limits (None: defaults);
-    `on_ready` runs once the engine is ready (the entry point's process-wide settings)."""
-    if (engine is None) == (engine_factory is None):
-        raise ValueError("give exactly one of engine or engine_factory")
+def build_app(config: GatewayConfig, scheduler: Scheduler,
+              store: SessionStore | None = None) -> web.Application:
+    """An app serving `scheduler`'s model; sessions in `store` (None: in memory)."""
     # `is None`, not `or`: an empty store has len() 0 and is falsy.
     store = store if store is not None else MemorySessionStore()
-    rt = _runtime(config, store, gpu_sampler, scheduler_config)
+    metrics = Metrics(scheduler.stats, scheduler.gpu_sample)
+    register_metrics(metrics.registry, scheduler.admission)
+    rt = Runtime(config, metrics, scheduler, SessionRegistry(store))
+    # Read at scrape time: a session leaves the registry when its last save lands, which
+    # can be after its last socket closed.
+    metrics.sessions_active.set_function(lambda: len(rt.sessions))
     app = web.Application(client_max_size=config.max_message_bytes)
     app[RUNTIME] = rt
-    app.cleanup_ctx.append(_lifecycle(engine, engine_factory, on_ready))
-    app.on_shutdown.append(_close_sockets)
-    app.router.add_get("/", index)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/ws", ws_handler)
-    app.router.add_get("/v1/realtime", realtime_handler)
-    app.router.add_get("/v1/models", openai_api.models)
-    app.router.add_post("/v1/chat/completions", openai_api.chat_completions)
-    app.router.add_post("/v1/completions", openai_api.completions)
+    app.cleanup_ctx.extend([_store, _scheduler, _model, _watcher])
+    app.on_shutdown.append(close_sockets)
+    _routes(app.router)
     return app
+
+
+def _routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/", index)
+    router.add_get("/health", health)
+    router.add_get("/ready", ready)
+    router.add_get("/metrics", metrics)
+    router.add_get("/v1/ws", ws_handler)
+    router.add_get("/v1/realtime", realtime_handler)
+    router.add_get("/v1/models", openai.models)
+    router.add_post("/v1/chat/completions", openai.chat_completions)
+    router.add_post("/v1/completions", openai.completions)
 
 
 def make_runner(app: web.Application, **kwargs) -> web.AppRunner:
@@ -73,81 +74,51 @@ def make_runner(app: web.Application, **kwargs) -> web.AppRunner:
     return web.AppRunner(app, handle_signals=False, handler_cancellation=True, **kwargs)
 
 
-def _runtime(config: GatewayConfig, store: SessionStore, gpu_sampler,
-             scheduler_config: SchedulerConfig | None) -> Runtime:
-    rt: Runtime | None = None
-
-    def stats():  # resolved at call time: rt exists by then
-        return rt.engine_stats()
-
-    # /metrics counts the admission queue as waiting and reads the gate's NVML sampler.
-    metrics = Metrics(lambda: rt.gate.stats(), gpu_sampler or (lambda: rt.gate.gpu_sample()))
-    gate = Gate(config, stats, metrics, scheduler_config)
-    rt = Runtime(config, metrics, gate, SessionRegistry(store))
-    # Read at scrape time: a session leaves the registry when its last save lands, which
-    # can be after its last socket closed.
-    metrics.sessions_active.set_function(lambda: len(rt.sessions))
-    return rt
+# -- one cleanup context per resource ------------------------------------------------------
+async def _store(app: web.Application):
+    yield
+    await app[RUNTIME].sessions.store.close()
 
 
-def _lifecycle(engine: AsyncEngine | None, factory: Callable[[], AsyncEngine] | None,
-               on_ready: Callable[[], None] | None):
-    async def ctx(app: web.Application):
-        rt = app[RUNTIME]
-        await rt.gate.start()
-        loader = None
-        if engine is not None:
-            _set_ready(rt, engine, on_ready)
-        else:
-            loader = asyncio.create_task(_load(rt, factory, on_ready))
-        watch = asyncio.create_task(_watch_engine(rt, loader))
-        yield
-        watch.cancel()
-        if loader is not None:
-            loader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loader
-            if rt.engine is not None:
-                await rt.engine.stop()
-        await rt.gate.stop()
-        await rt.sessions.store.close()
-
-    return ctx
+async def _scheduler(app: web.Application):
+    scheduler = app[RUNTIME].scheduler
+    await scheduler.start()
+    yield
+    await scheduler.stop()
 
 
-async def _load(rt: Runtime, factory: Callable[[], AsyncEngine],
-                on_ready: Callable[[], None] | None) -> None:
-    try:
-        engine = await asyncio.to_thread(factory)
-        await engine.start()
-    except Exception as exc:  # noqa: BLE001 - reported by /health and /ready
-        log.exception("model failed to load")
-        rt.status, rt.reason = "failed", f"model failed to load: {exc}"
-        return
-    _set_ready(rt, engine, on_ready)
-    log.info("model %s loaded; ready", engine.model_name)
+async def _model(app: web.Application):
+    """Load in the background: the listener answers /health and /ready meanwhile (an
+    engine the caller started is ready before the listener opens)."""
+    model = app[RUNTIME].model
+    loading = app[_LOADING] = asyncio.create_task(model.load())
+    if model.given:
+        await loading
+    yield
+    loading.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loading
+    await model.stop()
 
 
-async def _watch_engine(rt: Runtime, loader: asyncio.Task | None) -> None:
-    """Once the engine's loop dies: /health and /ready answer 503 and `rt.engine_dead` is
-    set, so the process can exit and be restarted."""
-    if loader is not None:
-        await loader
-    if rt.engine is None:
-        return  # the model did not load: /health and /ready say so
-    cause = await rt.engine.wait_dead()
-    rt.status, rt.reason = "failed", f"engine is dead: {cause}"
-    rt.engine_dead.set()
+async def _watcher(app: web.Application):
+    """Once the engine's loop dies the model turns failed: /health and /ready answer 503
+    and the entry point exits for a restart."""
+    model = app[RUNTIME].model
+
+    async def watch() -> None:
+        await app[_LOADING]
+        await model.watch()
+
+    task = asyncio.create_task(watch())
+    yield
+    task.cancel()
 
 
-def _set_ready(rt: Runtime, engine: AsyncEngine, on_ready: Callable[[], None] | None) -> None:
-    rt.engine = engine
-    if on_ready is not None:
-        on_ready()
-    if rt.status == "loading":
-        rt.status, rt.reason = "ready", ""
+_LOADING = web.AppKey("model_loading", asyncio.Task)
 
 
+# -- graceful drain ------------------------------------------------------------------------
 async def drain(app: web.Application) -> None:
     """Stop taking work, let in-flight requests finish (up to drain_timeout_s), then end
     the rest and close every socket with 1012, all within drain_grace_s more. The listener
@@ -160,17 +131,16 @@ async def drain(app: web.Application) -> None:
     rt = app[RUNTIME]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + rt.config.drain_timeout_s
-    rt.status, rt.reason = "draining", "draining"
-    notice = {"type": "draining", "reconnect_after_ms": rt.config.reconnect_after_ms}
+    rt.draining = True
     for conn in list(rt.connections):
-        conn.notify(notice)
+        conn.notify_draining(rt.config.reconnect_after_ms)
     while _busy(rt) and loop.time() < deadline:
         await asyncio.sleep(0.05)
     grace = rt.config.drain_grace_s
-    rt.gate.refuse_queued("draining", rt.config.reconnect_after_ms,
-                          "the server is shutting down; reconnect later")
+    rt.scheduler.refuse_queued("draining", rt.config.reconnect_after_ms,
+                               "the server is shutting down; reconnect later")
     await _cancel_streams(rt, grace / 2)
-    await _close_sockets(app, max(0.0, deadline + grace - loop.time()))
+    await close_sockets(app, max(0.0, deadline + grace - loop.time()))
 
 
 def _busy(rt: Runtime) -> bool:
@@ -189,14 +159,16 @@ async def _cancel_streams(rt: Runtime, timeout: float) -> None:
         await asyncio.wait([s.task for s in streams], timeout=timeout)
 
 
-async def _close_sockets(app: web.Application, timeout: float | None = None) -> None:
+async def close_sockets(app: web.Application, timeout: float | None = None) -> None:
+    """Close every open socket: 1012 after a drain, else 1001 (going away)."""
     rt = app[RUNTIME]
-    code = CLOSE_SERVICE_RESTART if rt.status == "draining" else WSCloseCode.GOING_AWAY
+    code = CLOSE_SERVICE_RESTART if rt.draining else WSCloseCode.GOING_AWAY
     timeout = rt.config.drain_grace_s if timeout is None else timeout
     await asyncio.gather(*(conn.close(code, b"server shutting down", timeout)
                            for conn in list(rt.connections)), return_exceptions=True)
 
 
+# -- handlers -----------------------------------------------------------------------------
 async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC / "index.html")
 
@@ -204,22 +176,22 @@ async def index(request: web.Request) -> web.FileResponse:
 async def health(request: web.Request) -> web.Response:
     """Process up and, once loaded, the engine loop alive."""
     rt = request.app[RUNTIME]
-    engine_alive = rt.engine is not None and rt.engine.is_alive
-    ok = rt.status == "loading" or engine_alive
+    alive = rt.model.alive
+    ok = rt.status == "loading" or alive
     return web.json_response({"status": "ok" if ok else "unhealthy", "state": rt.status,
-                              "engine_alive": engine_alive}, status=200 if ok else 503)
+                              "engine_alive": alive}, status=200 if ok else 503)
 
 
 async def ready(request: web.Request) -> web.Response:
     """200 when the model is loaded, not draining and not overloaded; else 503 + reason."""
     rt = request.app[RUNTIME]
-    reason = rt.reason if not rt.ready else ("overloaded" if rt.gate.overloaded() else "")
+    reason = rt.reason if not rt.ready else ("overloaded" if rt.scheduler.overloaded() else "")
     if rt.status == "ready" and not rt.ready:
         reason = "engine loop stopped"
     if reason:
         return web.json_response({"ready": False, "reason": reason}, status=503,
                                  headers={"Retry-After": "1"})
-    return web.json_response({"ready": True, "model": rt.engine.model_name})
+    return web.json_response({"ready": True, "model": rt.model.name})
 
 
 async def metrics(request: web.Request) -> web.Response:

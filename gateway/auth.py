@@ -5,12 +5,13 @@ the comparison's timing independent of the key. The hash is the owner of session
 """
 from __future__ import annotations
 
-import json
-
 from aiohttp import hdrs, web
 
 from gateway.config import GatewayConfig, key_hash
-from gateway.protocol import BEARER_PREFIX
+from gateway.errors import error_response
+
+# A browser cannot set headers on a WebSocket: it offers its key as a subprotocol.
+BEARER_PREFIX = "bearer."
 
 
 def check_origin(request: web.Request, config: GatewayConfig) -> None:
@@ -32,11 +33,3 @@ def authenticate(request: web.Request, config: GatewayConfig,
             return key_hash(key)
     raise error_response(web.HTTPUnauthorized, "missing or invalid API key", "unauthorized",
                          headers={"WWW-Authenticate": "Bearer"})
-
-
-def error_response(cls: type[web.HTTPException], message: str, code: str,
-                   headers: dict | None = None, err_type: str | None = None) -> web.HTTPException:
-    """An HTTP error with an OpenAI-style JSON body: {"error": {message, type, code}}."""
-    body = json.dumps({"error": {"message": message, "type": err_type or code,
-                                 "param": None, "code": code}})
-    return cls(text=body, content_type="application/json", headers=headers)

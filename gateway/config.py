@@ -1,7 +1,8 @@
 """GatewayConfig: every gateway limit in one frozen dataclass, validated when built.
 
-Only the CLI entry (gateway/server_cli.py) reads the environment; everything else gets
-its settings from this object.
+Each field is a `setting` (common/settings.py): its default, help and flag live here, and
+`tokenwire serve` derives its flags from them. Only the CLI entry (gateway/cli/serve.py)
+reads the environment; everything else gets its settings from this object.
 """
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import hashlib
 import socket
 from dataclasses import dataclass, field
 
-from engine.errors import ConfigError
+from common.errors import ConfigError
+from common.settings import comma_list, setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,31 +22,45 @@ class GatewayConfig:
     (browsers' cross-site WebSockets are then only guarded by API keys).
     """
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_message_bytes: int = 1 << 20  # largest client frame; larger closes with 1009
-    heartbeat_s: float = 20.0  # WebSocket ping interval; a missing pong closes the socket
-    receive_timeout_s: float | None = None  # None: idle sockets stay open (heartbeat guards)
-    send_timeout_s: float = 10.0  # a frame not written within this closes the socket
-    max_inflight_per_socket: int = 8  # requests running at once on one socket
-    max_pending_frames: int = 1024  # control frames queued for a socket that is not reading
-    max_tokens_cap: int = 4096  # largest max_tokens a request may ask for
-    default_max_tokens: int = 256  # when a request names none
-    max_choices: int = 16  # choices of one HTTP completion: prompts x n
-    drain_timeout_s: float = 30.0  # in-flight turns get this long to finish on shutdown
-    drain_grace_s: float = 1.0  # then cut streams end and sockets close within this
-    reconnect_after_ms: int = 2000  # sent with `draining`
-    max_conversation_items: int = 1024  # items of one /v1/realtime conversation
-    api_keys: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ()
-    instance_id: str = ""  # `hello.instance`: which replica answered; "": hostname:port
+    host: str = setting("127.0.0.1", "address to bind")
+    port: int = setting(8000, "port")
+    max_message_bytes: int = setting(1 << 20, "largest client frame; larger closes the "
+                                     "socket with 1009")
+    heartbeat_s: float = setting(20.0, "seconds between WebSocket pings; a missing pong "
+                                 "closes the socket", flag="--heartbeat")
+    receive_timeout_s: float | None = setting(None, "seconds a socket may stay silent "
+                                              "(none: no limit, the heartbeat guards)",
+                                              flag="--receive-timeout")
+    send_timeout_s: float = setting(10.0, "seconds a frame may take to write before the "
+                                    "socket is closed", flag="--send-timeout")
+    max_pending_frames: int = setting(1024, "frames queued for a socket that does not "
+                                      "read before it is closed")
+    max_tokens_cap: int = setting(4096, "largest max_tokens a request may ask for")
+    default_max_tokens: int = setting(256, "max_tokens of a request that names none")
+    max_choices: int = setting(16, "choices one HTTP completion may ask for: prompts "
+                               "times n")
+    drain_timeout_s: float = setting(30.0, "seconds in-flight turns get to finish on "
+                                     "SIGTERM", flag="--drain-timeout")
+    drain_grace_s: float = setting(1.0, "seconds after the drain timeout for cut streams "
+                                   "to end and sockets to close", flag="--drain-grace")
+    reconnect_after_ms: int = setting(2000, "milliseconds sent with `draining`",
+                                      flag="--reconnect-after")
+    max_conversation_items: int = setting(1024, "items one /v1/realtime conversation may "
+                                          "hold")
+    api_keys: tuple[str, ...] = setting((), "an API key (repeatable; also "
+                                        "--api-key-file and TOKENWIRE_API_KEYS)",
+                                        flag="--api-key", repeat=True)
+    allowed_origins: tuple[str, ...] = setting((), "comma-separated Origins",
+                                               parse=comma_list)
+    instance_id: str = setting("", "this replica's name in hello.instance (default: "
+                               "hostname:port)")
     key_hashes: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
             raise ConfigError("port", "must be in [0, 65535]")
-        for name in ("max_message_bytes", "max_inflight_per_socket", "max_pending_frames",
-                     "max_tokens_cap", "default_max_tokens", "reconnect_after_ms", "max_choices",
+        for name in ("max_message_bytes", "max_pending_frames", "max_tokens_cap",
+                     "default_max_tokens", "reconnect_after_ms", "max_choices",
                      "max_conversation_items"):
             _positive(name, getattr(self, name))
         for name in ("heartbeat_s", "send_timeout_s", "drain_timeout_s", "drain_grace_s"):
@@ -66,12 +82,6 @@ class GatewayConfig:
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
-
-    def limits(self, max_context: int) -> dict:
-        """The `limits` object of the `hello` message."""
-        return {"max_tokens": self.max_tokens_cap, "max_context": max_context,
-                "max_message_bytes": self.max_message_bytes,
-                "max_inflight": self.max_inflight_per_socket}
 
 
 def key_hash(key: str) -> str:

@@ -28,7 +28,7 @@ GpuSampler = Callable[[], "tuple[float, int] | None"]
 
 
 class Metrics:
-    """Every metric DESIGN.md lists, registered in this object's own registry."""
+    """Every metric docs/http-api.md lists, registered in this object's own registry."""
 
     def __init__(self, engine_stats: Callable[[], EngineStats | None],
                  gpu_sampler: GpuSampler | None = None):

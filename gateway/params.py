@@ -1,10 +1,13 @@
-"""Wire `params` -> SamplingParams: the one path every WebSocket frame and HTTP body takes.
+"""Sampling params on the wire: one typed struct for every protocol, checked once.
 
-    params map ──msgspec.convert(WireParams)──> typed fields ──SamplingParams──> ranges
-                 (types: a 400-digit integer in          (NaN, infinity, out of range)
-                  a float field is refused here)
+    frame / body ──msgspec──> Params ──merge(session, request)──> Params ──> SamplingParams
+                  (types, at the edge,   (later layers' fields win)        (ranges: the
+                   naming the field)                                        engine's check)
 
-Both steps name the field; either failure is an `invalid_request` ProtocolError.
+A /v1/ws frame's `params`, the top level of an OpenAI body and Realtime's few sampling
+fields all become Params; the engine's SamplingParams is the one range check. A refusal
+is a ParamError carrying the field and the problem as data: each protocol names the field
+its own way (`params.top_p`, `top_p`, `max_output_tokens`).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import msgspec
 from engine.errors import InvalidRequestError
 from engine.sampling_params import SamplingParams
 from gateway.config import GatewayConfig
-from gateway.protocol import ProtocolError, field_message
+from gateway.errors import field_error
 
 
 class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
@@ -33,53 +36,86 @@ class ResponseFormat(msgspec.Struct, forbid_unknown_fields=True):
     json_schema: JsonSchemaFormat | None = None
 
 
-class WireParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+UNSET = msgspec.UNSET
+Unset = msgspec.UnsetType
+
+
+class Params(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The sampling fields a client may send (WS `params`, the top level of an OpenAI body).
-    None means absent: the engine's default (or a lower layer's value) applies."""
+    UNSET: not sent, a lower layer's value applies; None (sent as null): the engine's
+    default applies, whatever a lower layer says."""
 
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
-    ignore_eos: bool | None = None
-    priority: int | None = None
-    logprobs: int | None = None  # top alternatives per token (0..max_logprobs); None: off
-    response_format: ResponseFormat | None = None
-
-
-PARAM_FIELDS = WireParams.__struct_fields__
+    max_tokens: int | None | Unset = UNSET
+    temperature: float | None | Unset = UNSET
+    top_p: float | None | Unset = UNSET
+    top_k: int | None | Unset = UNSET
+    min_p: float | None | Unset = UNSET
+    repetition_penalty: float | None | Unset = UNSET
+    presence_penalty: float | None | Unset = UNSET
+    frequency_penalty: float | None | Unset = UNSET
+    stop: str | list[str] | None | Unset = UNSET
+    stop_token_ids: list[int] | None | Unset = UNSET
+    seed: int | None | Unset = UNSET
+    ignore_eos: bool | None | Unset = UNSET
+    priority: int | None | Unset = UNSET
+    logprobs: int | None | Unset = UNSET  # top alternatives per token; None: off
+    response_format: ResponseFormat | None | Unset = UNSET
 
 
-def build_params(config: GatewayConfig, *layers: dict | None,
-                 request_id: str | None = None) -> SamplingParams:
-    """Merge params maps (later layers win) into validated SamplingParams.
+PARAM_FIELDS = Params.__struct_fields__
 
-    Errors are `invalid_request` naming the field as `params.NAME`.
-    """
-    merged: dict = {}
-    for layer in layers:
-        merged.update(layer or {})
+
+class ParamError(ValueError):
+    """A refused sampling param: `field` as Params names it, `problem` what is wrong."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def params_from_map(params: dict | None) -> Params:
+    """A stored params map (a session's defaults) as Params; raises ParamError."""
     try:
-        wire = msgspec.convert(merged, WireParams)
-        given = {k: msgspec.to_builtins(v)  # response_format: a plain dict for the engine
-                 for k, v in msgspec.structs.asdict(wire).items() if v is not None}
-        params = SamplingParams(**{"max_tokens": config.default_max_tokens, **given})
+        return msgspec.convert(params or {}, Params)
     except msgspec.ValidationError as exc:
-        raise _refused(field_message(exc), request_id) from None
+        raise ParamError(*field_error(exc)) from None
+
+
+def merge(*layers: Params | None) -> Params:
+    """One Params from several; a field a later layer sent (null included) wins."""
+    sent: dict = {}
+    for layer in layers:
+        if layer is not None:
+            sent.update({name: value for name in PARAM_FIELDS
+                         if (value := getattr(layer, name)) is not UNSET})
+    return Params(**sent)
+
+
+def given(value) -> bool:
+    """Whether a Params field holds a value (neither unsent nor null)."""
+    return value is not None and value is not UNSET
+
+
+def sampling_params(params: Params, *, default_max_tokens: int,
+                    max_tokens_cap: int) -> SamplingParams:
+    """The engine's SamplingParams (its ranges checked there, once); raises ParamError."""
+    values = {name: value for name in PARAM_FIELDS if given(value := getattr(params, name))}
+    if "response_format" in values:  # the engine reads a plain map
+        values["response_format"] = msgspec.to_builtins(params.response_format)
+    try:
+        result = SamplingParams(**{"max_tokens": default_max_tokens, **values})
     except InvalidRequestError as exc:
-        raise _refused(str(exc), request_id) from None
-    if params.max_tokens > config.max_tokens_cap:
-        raise ProtocolError("invalid_request", f"params.max_tokens: must be at most "
-                            f"{config.max_tokens_cap}", request_id)
-    return params
+        raise ParamError(exc.field, exc.problem) from None
+    if result.max_tokens > max_tokens_cap:
+        raise ParamError("max_tokens", f"must be at most {max_tokens_cap}")
+    return result
 
 
-def _refused(message: str, request_id: str | None) -> ProtocolError:
-    return ProtocolError("invalid_request", f"params.{message}", request_id)
+def resolve(config: GatewayConfig, *layers: Params | dict | None) -> SamplingParams:
+    """The layers (a map is a session's stored defaults) merged, later ones winning, as
+    SamplingParams within the gateway's max_tokens default and cap; raises ParamError."""
+    merged = merge(*(params_from_map(layer) if isinstance(layer, dict) else layer
+                     for layer in layers))
+    return sampling_params(merged, default_max_tokens=config.default_max_tokens,
+                           max_tokens_cap=config.max_tokens_cap)

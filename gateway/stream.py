@@ -1,4 +1,4 @@
-"""Stream: one request's life on a socket, from the frame that asked for it to `done`.
+"""Stream: one request's life, from the frame or body that asked for it to its end.
 
 Times are time.perf_counter() seconds (uvloop's loop clock only has millisecond steps):
 
@@ -7,31 +7,43 @@ Times are time.perf_counter() seconds (uvloop's loop clock only has millisecond 
     |<----------------- ttft_ms ------------------>|
     |<------------------------------- e2e_ms -------------------------------------->|
     tpot_ms = (e2e - ttft) / (completion_tokens - 1)
+
+A socket's stream also holds its unsent output (`pending`, a Mailbox) and a `shaper`,
+the protocol object that turns that output into the protocol's frames.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from typing import Protocol
 
+from engine.mailbox import Mailbox
 from engine.outputs import RequestOutput
-from scheduler.mailbox import Mailbox
+
+
+class Shaper(Protocol):
+    """A protocol's frames for one stream: what the socket's writer sends."""
+
+    def delta_frame(self, stream: "Stream", out: RequestOutput) -> dict: ...
+
+    def done_frame(self, stream: "Stream", now: float) -> dict: ...
 
 
 class Stream:
-    """A live chat or generate request: its pending delta slot, usage and timing.
+    """A live request: usage, timing, how it ended, and (on a socket) its pending output.
 
-    `mailbox` is the one-slot scheduler Mailbox the writer drains: deltas that arrive
-    while a frame is still queued merge into it, so a slow reader costs constant
-    memory and tokens go out as produced when the reader keeps up.
+    `pending` merges outputs that arrive while the writer is busy or the client slow, so a
+    slow reader costs one pending output per stream and tokens go out as produced when
+    the reader keeps up.
     """
 
     __slots__ = ("id", "engine_id", "kind", "received", "admitted", "first_written",
-                 "last_written", "mailbox", "queued", "last_delta_tokens", "text_parts",
-                 "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason",
-                 "error", "cancel_requested", "task", "logprob_entries")
+                 "last_written", "pending", "shaper", "queued", "last_delta_tokens",
+                 "text_parts", "prompt_tokens", "cached_tokens", "completion_tokens",
+                 "finish_reason", "error", "cancel_requested", "task", "logprobs")
 
-    def __init__(self, request_id: str, engine_id: str, kind: str):
+    def __init__(self, request_id: str, engine_id: str, kind: str,
+                 shaper: Shaper | None = None):
         self.id = request_id
         self.engine_id = engine_id
         self.kind = kind  # "chat" | "generate"
@@ -39,8 +51,9 @@ class Stream:
         self.admitted: float | None = None
         self.first_written: float | None = None
         self.last_written: float | None = None
-        self.mailbox = Mailbox()
-        self.queued = False  # a delta entry of this stream waits in the outbox
+        self.shaper = shaper
+        self.pending = Mailbox() if shaper is not None else None
+        self.queued = False  # a delta entry of this stream waits in the socket's outbox
         self.last_delta_tokens = 0  # tokens in the delta frame taken last (for metrics)
         self.text_parts: list[str] = []
         self.prompt_tokens = 0
@@ -50,17 +63,16 @@ class Stream:
         self.error: str | None = None
         self.cancel_requested = False  # the client (or a drain) asked to end it
         self.task: asyncio.Task | None = None
-        # shapes the engine's logprobs for a delta frame; None: the request did not ask
-        self.logprob_entries: Callable[[list], list[dict]] | None = None
+        self.logprobs = False  # the request asked for log-probabilities
 
     @property
     def text(self) -> str:
         return "".join(self.text_parts)
 
     def absorb(self, out: RequestOutput) -> int:
-        """Fold an engine output in; returns how many new tokens it carried."""
+        """Fold an engine output in (a socket's stream keeps it to send); returns how many
+        new tokens it carried."""
         n = len(out.new_token_ids)
-        self.mailbox.put_delta(out.delta_text, n, out.logprobs)
         if out.delta_text:
             self.text_parts.append(out.delta_text)
         self.prompt_tokens = out.num_prompt_tokens or self.prompt_tokens
@@ -70,22 +82,21 @@ class Stream:
             self.finish_reason = out.finish_reason or "stop"
             # The engine logged its exception; clients learn only that it was internal.
             self.error = "internal error" if out.error else None
+        if self.pending is not None:
+            self.pending.put(out)
         return n
 
     def take_delta(self) -> dict | None:
         """The merged delta frame to write now, or None when nothing is pending."""
         self.queued = False
-        delta = self.mailbox.take_delta()
-        if delta is None:
-            return None
-        self.last_delta_tokens = delta[1]
-        return self.delta_frame(*delta)
+        out = self.pending.take()
+        if out is None or not (out.delta_text or out.new_token_ids):
+            return None  # an end with nothing new: only `done` follows
+        self.last_delta_tokens = len(out.new_token_ids)
+        return self.shaper.delta_frame(self, out)
 
-    def delta_frame(self, text: str, n: int, logprobs: list | None) -> dict:
-        frame = {"type": "delta", "id": self.id, "text": text, "n": n}
-        if self.logprob_entries is not None:
-            frame["logprobs"] = self.logprob_entries(logprobs or [])
-        return frame
+    def done_frame(self, now: float) -> dict:
+        return self.shaper.done_frame(self, now)
 
     def written(self, now: float) -> float | None:
         """Record a delta frame written; returns the gap since the previous one."""
@@ -105,13 +116,3 @@ class Stream:
         tpot = (now - first) / decode_tokens if decode_tokens > 0 else 0.0
         return {"queue_ms": ms(admitted - self.received), "ttft_ms": ms(first - self.received),
                 "e2e_ms": ms(now - self.received), "tpot_ms": ms(tpot)}
-
-    def done_frame(self, now: float) -> dict:
-        frame = {"type": "done", "id": self.id, "finish_reason": self.finish_reason or "stop",
-                 "usage": {"prompt_tokens": self.prompt_tokens,
-                           "completion_tokens": self.completion_tokens,
-                           "cached_tokens": self.cached_tokens},
-                 "timing": self.timing(now)}
-        if self.error:
-            frame["error"] = self.error
-        return frame

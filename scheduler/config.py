@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.errors import ConfigError
+from common.errors import ConfigError
+from common.settings import setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,8 @@ class SchedulerConfig:
     max_rss_bytes: int | None = None  # process resident memory (psutil)
     rss_leave_ratio: float = 0.9  # leave overload under max_rss_bytes * this
     # Fairness limits (rate_limited).
-    max_inflight_per_socket: int = 8
+    max_inflight_per_socket: int = setting(8, "requests in flight on one socket (hello "
+                                           "announces it)", flag="--max-inflight")
     max_inflight_per_key: int | None = 64
     key_tokens_per_minute: int | None = None  # token bucket per API key; prompt+output
     key_burst_tokens: int | None = None  # bucket size; None: one minute's worth
@@ -79,7 +81,7 @@ class SchedulerConfig:
                 raise ConfigError(name, "must be positive")
         if not 0 < self.retry_after_min_ms <= self.retry_after_max_ms:
             raise ConfigError("retry_after_min_ms",
-                                       "must be positive and at most retry_after_max_ms")
+                              "must be positive and at most retry_after_max_ms")
 
     @property
     def generate_waiting_limit(self) -> int:

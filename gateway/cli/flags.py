@@ -3,9 +3,12 @@
     EngineConfig.max_num_seqs: int            -> --max-num-seqs N
     SchedulerConfig.max_rss_bytes: int | None -> --max-rss-bytes N|none
     EngineConfig.enable_prefix_caching: bool  -> --prefix-caching / --no-prefix-caching
+    GatewayConfig.heartbeat_s = setting(..., flag="--heartbeat")  -> --heartbeat X
 
-A flag left out keeps the dataclass default (argparse default None), so the dataclass
-stays the one place defaults live; `--help` shows them.
+A field declared with `setting` (common/settings.py) brings its help text and, where the
+field's name would not do, its flag's name, a parser, or `repeat` (the flag may be given
+several times). A flag left out keeps the dataclass default (argparse default None), so the
+dataclass stays the one place defaults live; `--help` shows them.
 """
 from __future__ import annotations
 
@@ -18,15 +21,26 @@ def add_config_flags(group, cls: type, skip: frozenset[str] = frozenset()) -> No
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
+        meta = f.metadata
         type_name = _type_name(f.type)
+        default = _default(f)
+        help_text = f"{meta['help']} (default: %(default)s)" if meta.get("help") else \
+            "default: %(default)s"
         if type_name == "bool":
-            group.add_argument(_bool_flag(f.name), dest=f.name, default=None,
-                               action=argparse.BooleanOptionalAction,
-                               help=f"default: {'on' if f.default else 'off'}")
+            group.add_argument(meta.get("flag") or _bool_flag(f.name), dest=f.name,
+                               default=None, action=argparse.BooleanOptionalAction,
+                               help=help_text.replace("%(default)s",
+                                                      "on" if default else "off"))
             continue
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
-                           type=_parser(type_name), default=None, metavar=_metavar(type_name),
-                           help=f"default: {f.default}")
+        flag = meta.get("flag") or "--" + f.name.replace("_", "-")
+        shown = "none" if default is None else default
+        options = {"dest": f.name, "default": None, "metavar": meta.get("metavar")
+                   or _metavar(type_name), "help": help_text.replace("%(default)s",
+                                                                      str(shown))}
+        if meta.get("repeat"):
+            group.add_argument(flag, action="append", **options)
+        else:
+            group.add_argument(flag, type=meta.get("parse") or _parser(type_name), **options)
 
 
 def config_values(args: argparse.Namespace, cls: type,
@@ -34,7 +48,19 @@ def config_values(args: argparse.Namespace, cls: type,
     """The fields of `cls` that were given on the command line ("none" given -> None)."""
     names = {f.name for f in dataclasses.fields(cls) if f.init} - skip
     given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-    return {name: None if value is _OFF else value for name, value in given.items()}
+    values = {name: None if value is _OFF else value for name, value in given.items()}
+    for f in dataclasses.fields(cls):
+        if f.name in values and f.metadata.get("repeat"):
+            values[f.name] = tuple(values[f.name])
+    return values
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
 
 
 def _type_name(annotation) -> str:
@@ -78,4 +104,3 @@ class _Off:
 
 
 _OFF = _Off()
-

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from engine.errors import EngineError
-from gateway.auth import error_response
-from gateway.logprobs_format import (chat_logprobs, completion_logprobs, token_strings)
-from gateway.openai_choices import Choice, conclude, merged
-from gateway.openai_request import ChatRequest, CommonRequest, bad_request
-from gateway.state import Runtime
+from gateway.errors import error_response
+from gateway.logprobs import chat_logprobs, completion_logprobs
+from gateway.openai.choices import Choice, conclude, merged
+from gateway.errors import bad_request
+from gateway.openai.request import ChatRequest, CommonRequest
+from gateway.runtime import Runtime
 from gateway.stream import Stream
+from scheduler.door import Admission
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +32,10 @@ log = logging.getLogger(__name__)
 @dataclass
 class Job:
     """One completion request: the request's own stream (admission, drain, metrics, usage)
-    and its choices."""
+    and its choices, run in its admitted engine slot."""
 
     rt: Runtime
+    admission: Admission
     req: CommonRequest
     stream: Stream
     choices: list[Choice]
@@ -46,7 +49,7 @@ class Job:
         """This choice's entries in the endpoint's shape; None when not asked."""
         if choice.params.logprobs is None:
             return None
-        text = token_strings(self.rt.engine.tokenizer)
+        text = self.rt.model.token_text
         if self.chat:
             return chat_logprobs(entries, text)
         return completion_logprobs(entries, text, offset)
@@ -55,7 +58,7 @@ class Job:
 async def _outputs(job: Job):
     """(choice, output) pairs; engine errors before anything was written are 400s."""
     try:
-        async with contextlib.aclosing(merged(job.rt, job.stream, job.choices)) as outputs:
+        async with contextlib.aclosing(merged(job.admission, job.stream, job.choices)) as outputs:
             async for item in outputs:
                 yield item
     except EngineError as exc:
@@ -169,7 +172,7 @@ def _head(job: Job, chunk: bool = False) -> dict:
     kind = ("chat.completion.chunk" if chunk else "chat.completion") if job.chat \
         else "text_completion"
     return {"id": job.stream.id, "object": kind, "created": int(time.time()),
-            "model": job.rt.engine.model_name}
+            "model": job.rt.model.name}
 
 
 def _chunk(job: Job, choice: Choice, delta, finish: str | None = None,

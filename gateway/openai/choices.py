@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from gateway.state import Runtime
 from gateway.stream import Stream
+from scheduler.door import Admission
 
 _SEEDS = 2**63
 
@@ -59,13 +59,13 @@ def plan(prompts: list[list[int]], n: int, params: SamplingParams, engine_id: st
     return choices
 
 
-async def merged(rt: Runtime, stream: Stream, choices: list[Choice]
+async def merged(admission: Admission, stream: Stream, choices: list[Choice]
                  ) -> AsyncIterator[tuple[Choice, RequestOutput]]:
     """Every choice's outputs as they come (each folded into its choice first, its tokens
     counted on the request's `stream`); an engine error of any choice is raised here."""
     queue: asyncio.Queue = asyncio.Queue(maxsize=len(choices))  # a slow reader: the
-    # engine's one-slot collectors merge while the pumps wait here
-    tasks = [asyncio.create_task(_pump(rt, c, queue)) for c in choices]
+    # engine's one-slot mailboxes merge while the pumps wait here
+    tasks = [asyncio.create_task(_pump(admission, c, queue)) for c in choices]
     running = len(choices)
     try:
         while running:
@@ -83,9 +83,9 @@ async def merged(rt: Runtime, stream: Stream, choices: list[Choice]
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _pump(rt: Runtime, choice: Choice, queue: asyncio.Queue) -> None:
+async def _pump(admission: Admission, choice: Choice, queue: asyncio.Queue) -> None:
     try:
-        generator = rt.engine.generate(choice.prompt, choice.params, choice.stream.engine_id,
+        generator = admission.generate(choice.prompt, choice.params, choice.stream.engine_id,
                                        choice.parent_id)
         async with contextlib.aclosing(generator) as outputs:
             async for out in outputs:

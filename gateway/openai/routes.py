@@ -2,9 +2,9 @@
 
 A body becomes its prompts (chat: one, rendered by the chat template with any tools;
 completions: one per prompt in a list) and SamplingParams; each prompt runs `n` samples
-(gateway/openai_choices.py) and the answer is shaped by gateway/openai_stream.py, whole or
-as Server-Sent Events. Errors are OpenAI-shaped: {"error": {"message", "type", "param",
-"code"}}; which OpenAI parameter does what is gateway/openai_params.py.
+(choices.py) and the answer is shaped by answer.py, whole or as Server-Sent Events.
+Errors are OpenAI-shaped: {"error": {"message", "type", "param", "code"}}; which OpenAI
+parameter does what is support.py.
 """
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ import time
 from aiohttp import web
 
 from engine.errors import EngineError, InvalidRequestError
-from gateway.auth import authenticate, check_origin, error_response
-from gateway.openai_choices import plan
-from gateway.openai_params import chat_tools, check
-from gateway.openai_request import (ChatRequest, CommonRequest, CompletionRequest,
-                                    bad_request, decode_body, refused, sampling_params)
-from gateway.openai_stream import Job, sse, whole
-from gateway.protocol import ROLES, ProtocolError, message_dict
-from gateway.state import RUNTIME, Runtime
+from gateway.auth import authenticate, check_origin
+from gateway.errors import RequestError, bad_request, error_response
+from gateway.messages import ROLES, message_dict
+from gateway.openai.answer import Job, sse, whole
+from gateway.openai.choices import plan
+from gateway.openai.request import (ChatRequest, CommonRequest, CompletionRequest,
+                                    decode_body, refused, sampling_params)
+from gateway.openai.support import chat_tools, check
+from gateway.runtime import RUNTIME, Runtime
 from gateway.stream import Stream
 
 log = logging.getLogger(__name__)
@@ -58,18 +59,18 @@ def _internal() -> web.HTTPException:
 async def models(request: web.Request) -> web.Response:
     rt = _runtime(request)  # 503 until the model is loaded
     return web.json_response({"object": "list", "data": [
-        {"id": rt.engine.model_name, "object": "model", "created": 0, "owned_by": "tokenwire",
-         "max_model_len": rt.engine.max_model_len}]})
+        {"id": rt.model.name, "object": "model", "created": 0, "owned_by": "tokenwire",
+         "max_model_len": rt.model.max_model_len}]})
 
 
 @_contained
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
     req = await decode_body(request, ChatRequest)
-    check(req, rt.config.max_choices)
-    tools = chat_tools(req, rt.engine.chat_template_supports_tools)
+    check(req, rt.config.max_choices, chat=True)
+    tools = chat_tools(req, rt.model.supports_tools)
     messages = _messages(req, tools is not None)
-    return await _complete(request, rt, req, [rt.engine.encode_chat(messages, tools)])
+    return await _complete(request, rt, req, [rt.model.encode_chat(messages, tools)])
 
 
 def _messages(req: ChatRequest, with_tools: bool) -> list[dict]:
@@ -81,7 +82,7 @@ def _messages(req: ChatRequest, with_tools: bool) -> list[dict]:
     for i, m in enumerate(req.messages):
         try:
             message = message_dict(i, m.role, m.content, roles)
-        except ProtocolError as exc:
+        except RequestError as exc:
             raise refused(exc) from None
         extra = {"name": m.name, "tool_calls": m.tool_calls, "tool_call_id": m.tool_call_id}
         messages.append({**message, **{k: v for k, v in extra.items() if v is not None}})
@@ -92,15 +93,15 @@ def _messages(req: ChatRequest, with_tools: bool) -> list[dict]:
 async def completions(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
     req = await decode_body(request, CompletionRequest)
-    check(req, rt.config.max_choices)
+    check(req, rt.config.max_choices, chat=False)
     prompt = _prompts(req.prompt)
     if len(prompt) * req.n > rt.config.max_choices:
         raise bad_request(f"prompt: {len(prompt)} prompts times n={req.n} is more than "
                           f"{rt.config.max_choices} choices", "prompt")
-    ids = [rt.engine.encode(p) if isinstance(p, str) else p for p in prompt]
+    ids = [rt.model.encode(p) if isinstance(p, str) else p for p in prompt]
     echoes = None
     if req.echo:
-        echoes = [p if isinstance(p, str) else rt.engine.tokenizer.decode(p) for p in prompt]
+        echoes = [p if isinstance(p, str) else rt.model.decode(p) for p in prompt]
     return await _complete(request, rt, req, ids, echoes)
 
 
@@ -131,23 +132,23 @@ async def _complete(request: web.Request, rt: Runtime, req: CommonRequest,
                     prompts: list[list[int]], echoes: list[str] | None = None
                     ) -> web.StreamResponse:
     chat = isinstance(req, ChatRequest)
-    params = sampling_params(rt, req)
+    params = sampling_params(rt.config, req)
     for prompt in prompts:
         _validate(rt, prompt, params, chat)
     stream = Stream(f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}",
                     f"http-{next(_ids)}", "http")
-    # Everything that can raise comes before admission: a ticket is released only below.
-    job = Job(rt, req, stream, plan(prompts, req.n, params, stream.engine_id, echoes), prompts)
+    # Everything that can raise comes before admission: a slot is released only below.
+    choices = plan(prompts, req.n, params, stream.engine_id, echoes)
     try:
-        ticket = await rt.gate.admit(stream.id, None, "http", params.priority,
-                                     sum(map(len, prompts)), request[_OWNER],
-                                     received=stream.received)
-    except ProtocolError as exc:
+        admission = await rt.admit(stream, params.priority, sum(map(len, prompts)), None,
+                                   request[_OWNER])
+    except RequestError as exc:
         raise _refusal(exc) from None
     stream.admitted = time.perf_counter()
     stream.task = asyncio.current_task()  # what a drain cancels
     rt.http_streams.add(stream)
     try:
+        job = Job(rt, admission, req, stream, choices, prompts)
         if req.stream:
             return await sse(request, job)
         return await whole(job)
@@ -157,14 +158,14 @@ async def _complete(request: web.Request, rt: Runtime, req: CommonRequest,
         asyncio.current_task().uncancel()
         raise _draining() from None
     finally:
-        ticket.release(stream.completion_tokens, stream.finish_reason)
+        admission.release(stream.completion_tokens, stream.finish_reason)
         rt.http_streams.discard(stream)
 
 
 def _validate(rt: Runtime, prompt: list[int], params, chat: bool) -> None:
     """What the engine would refuse, as a 400 before admission."""
     try:
-        rt.engine.validate(prompt, params)
+        rt.model.validate(prompt, params)
     except InvalidRequestError as exc:
         param = exc.field
         if param in ("prompt", "messages"):
@@ -181,7 +182,7 @@ def _draining() -> web.HTTPException:
                           headers={"Retry-After": "1"})
 
 
-def _refusal(exc: ProtocolError) -> web.HTTPException:
+def _refusal(exc: RequestError) -> web.HTTPException:
     """Admission's answer as HTTP: 400 for a bad param, 429 rate_limited, 503 overloaded."""
     if exc.code == "invalid_request":
         return refused(exc)

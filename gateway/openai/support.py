@@ -1,14 +1,24 @@
 """What tokenwire does with each OpenAI chat/completions parameter: honoured, accepted with
 no effect on the output, or refused with a 400 naming it. Never accepted and ignored when
-it would change the output. docs/http-api.md holds the same table for readers."""
+it would change the output. docs/http-api.md holds the same table for readers.
+
+The fields named here are the request schema's opaque ones (gateway/openai/request.py
+declares them from these tables): their values are judged here, not by type.
+"""
 from __future__ import annotations
 
-from gateway.openai_request import ChatRequest, CommonRequest, CompletionRequest, bad_request
+from typing import TYPE_CHECKING
+
+from gateway.errors import bad_request
+from gateway.params import given
+
+if TYPE_CHECKING:
+    from gateway.openai.request import ChatRequest, CommonRequest, CompletionRequest
 
 # Fields that cannot change what is generated: accepted whatever their value.
-NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier",
-                       "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
-                       "prediction"})
+NO_EFFECT = ("user", "metadata", "store", "service_tier", "safety_identifier",
+             "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+             "prediction")
 
 
 def _set(value) -> bool:
@@ -20,10 +30,10 @@ def _given(value) -> bool:  # where even an empty object asks for something
 
 
 # field -> (is the given value refused?, why): what the engine cannot do.
-_COMMON_REFUSED = {
+COMMON_REFUSED = {
     "logit_bias": (_set, "logit bias is not supported"),
 }
-_CHAT_REFUSED = {
+CHAT_REFUSED = {
     "audio": (_given, "audio output is not supported"),
     "modalities": (lambda v: _set(v) and v != ["text"], "only [\"text\"] is supported"),
     "functions": (_set, "the deprecated functions are not supported; use tools"),
@@ -35,21 +45,21 @@ _CHAT_REFUSED = {
     "parallel_tool_calls": (lambda v: v is False, "tool calls are not parsed, so they "
                             "cannot be limited to one"),
 }
-_COMPLETION_REFUSED = {
+COMPLETION_REFUSED = {
     "suffix": (_set, "insertion (suffix) is not supported"),
 }
 
 
-def check(req: CommonRequest, max_choices: int) -> None:
+def check(req: CommonRequest, max_choices: int, chat: bool) -> None:
     """Raise a 400 naming the first parameter this request sets that is refused."""
-    refused = dict(_COMMON_REFUSED)
-    refused.update(_CHAT_REFUSED if isinstance(req, ChatRequest) else _COMPLETION_REFUSED)
+    refused = dict(COMMON_REFUSED)
+    refused.update(CHAT_REFUSED if chat else COMPLETION_REFUSED)
     for name, (is_refused, why) in refused.items():
         if is_refused(getattr(req, name)):
             raise bad_request(f"{name}: {why}", name)
     if not 1 <= req.n <= max_choices:
         raise bad_request(f"n: must be in [1, {max_choices}]", "n")
-    if isinstance(req, CompletionRequest):
+    if not chat:
         _check_completion(req)
 
 
@@ -57,7 +67,7 @@ def _check_completion(req: CompletionRequest) -> None:
     if req.best_of not in (None, req.n):
         raise bad_request("best_of: only best_of equal to n is supported (every sample is "
                           "returned)", "best_of")
-    if req.echo and req.logprobs is not None:
+    if req.echo and given(req.logprobs):
         raise bad_request("echo: echo with logprobs needs the prompt's log-probabilities, "
                           "which are not computed", "echo")
 

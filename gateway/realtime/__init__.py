@@ -1,10 +1,10 @@
 """OpenAI Realtime API, text subset (GA event names), served at `GET /v1/realtime`.
 
     route.py        auth (Bearer or `openai-insecure-api-key.KEY`), subprotocol, session
-    events.py       client events: msgspec schemas, decoding, RealtimeError
+    events.py       client events: msgspec schemas, decoding, encoding, RealtimeError
     server.py       server events as plain dicts (the shapes the SDKs parse)
     conversation.py the conversation's items over the tokenwire session's history
     prompt.py       the chat messages a response is generated from
-    response.py     one response: its stream and the events that open and close it
-    connection.py   RealtimeConnection: the /v1/ws Connection with a realtime dispatcher
+    response.py     one response: the events that open and close it, its stream's frames
+    protocol.py     RealtimeProtocol: what each client event does, on a SocketCore
 """

@@ -1,11 +1,11 @@
 """Conversation: the Realtime items of one connection over its session's history.
 
-The session record keeps plain chat messages ({"role", "content"}), shared with /v1/ws
-sockets on the same session and saved in the session store; the conversation keeps one
-item id per message beside them:
+The session keeps plain chat messages ({"role", "content"}), shared with /v1/ws sockets
+on the same session and saved in the session store; the conversation keeps one item id
+per message beside them, and edits the history through the session's methods:
 
-    record.messages  [ {system..}, {user..}, {assistant..} ]
-    ids              [ "item_a",   "item_b", "item_c"      ]
+    session messages  [ {system..}, {user..}, {assistant..} ]
+    ids               [ "item_a",   "item_b", "item_c"      ]
 
 Ids are not stored: a resumed session (or messages a /v1/ws socket added meanwhile) gets
 fresh ids for the messages it has not seen. Each item holds one text content part.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import secrets
 
 from gateway.realtime.events import RealtimeError
-from gateway.sessions import LiveSession
+from gateway.sessions.live import LiveSession
 
 MAX_ITEM_ID_CHARS = 64
 
@@ -33,15 +33,11 @@ class Conversation:
         self._ids: list[str] = []
         self._sync()
 
-    @property
-    def messages(self) -> list[dict]:
-        return self.session.record.messages
-
     def _sync(self) -> None:
         """Give ids to messages added by other sockets; forget those removed."""
-        del self._ids[len(self.messages):]
-        while len(self._ids) < len(self.messages):
-            self._ids.append(new_id("item"))
+        count = self.session.num_messages
+        del self._ids[count:]
+        self._ids.extend(new_id("item") for _ in range(count - len(self._ids)))
 
     def ids(self) -> list[str]:
         self._sync()
@@ -56,13 +52,14 @@ class Conversation:
                                 "the conversation", event_id, param="item_id") from None
 
     def item(self, index: int) -> tuple[str, dict]:
-        return self._ids[index], self.messages[index]
+        """(item id, a copy of its message)."""
+        return self._ids[index], self.session.message(index)
 
     def add(self, role: str, text: str, item_id: str | None, previous_item_id: str | None,
             event_id: str | None) -> int:
         """Insert after previous_item_id (None: at the end, "root": first); its index."""
         self._sync()
-        if len(self.messages) >= self.max_items:
+        if self.session.num_messages >= self.max_items:
             raise RealtimeError("too_large", f"the conversation holds {self.max_items} items, "
                                 "its limit (max_conversation_items); delete some first",
                                 event_id)
@@ -74,25 +71,26 @@ class Conversation:
             raise RealtimeError("duplicate_id", f"item.id: {item_id[:64]!r} is already in "
                                 "the conversation", event_id, param="item.id")
         if previous_item_id is None:
-            at = len(self.messages)
+            at = self.session.num_messages
         elif previous_item_id == "root":
             at = 0
         else:
             at = self.index(previous_item_id, event_id) + 1
-        self.messages.insert(at, {"role": role, "content": text})
+        self.session.insert(at, role, text)
         self._ids.insert(at, item_id)
         return at
 
     def delete(self, item_id: str, event_id: str | None) -> None:
         at = self.index(item_id, event_id)
-        del self.messages[at], self._ids[at]
+        self.session.delete(at)
+        del self._ids[at]
 
     def truncate(self, item_id: str, content_index: int, end: int,
                  event_id: str | None) -> None:
         """Cut an assistant item's text to its first `end` characters (what the client
         had shown when the user interrupted it)."""
         at = self.index(item_id, event_id)
-        message = self.messages[at]
+        message = self.session.message(at)
         if message["role"] != "assistant":
             raise RealtimeError("invalid_value", "item_id: only assistant items can be "
                                 "truncated", event_id, param="item_id")
@@ -103,7 +101,7 @@ class Conversation:
             raise RealtimeError("invalid_value", f"audio_end_ms: the text has "
                                 f"{len(message['content'])} characters", event_id,
                                 param="audio_end_ms")
-        message["content"] = message["content"][:end]
+        self.session.truncate(at, end)
 
     def previous_id(self, index: int) -> str | None:
         return self._ids[index - 1] if index > 0 else None

@@ -11,21 +11,23 @@ from typing import Any, Literal
 
 import msgspec
 
-from gateway.protocol import field_message
+from gateway.errors import RequestError, field_message
 
 UNSET = msgspec.UNSET
 MAX_EVENT_ID_CHARS = 128
 
 
-class RealtimeError(Exception):
-    """A client event that cannot be served; becomes an `error` server event."""
+class RealtimeError(RequestError):
+    """A client event that cannot be served; becomes an `error` server event (its type
+    follows from the code: server.error). Its request id is the client's `event_id`."""
 
     def __init__(self, code: str, message: str, event_id: str | None = None,
-                 param: str | None = None, kind: str = "invalid_request_error",
-                 retry_after_ms: int | None = None):
-        super().__init__(message)
-        self.code, self.message, self.event_id = code, message, event_id
-        self.param, self.kind, self.retry_after_ms = param, kind, retry_after_ms
+                 param: str | None = None, retry_after_ms: int | None = None):
+        super().__init__(code, message, event_id, param=param, retry_after_ms=retry_after_ms)
+
+    @property
+    def event_id(self) -> str | None:
+        return self.request_id
 
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -122,6 +124,12 @@ AUDIO_EVENTS = frozenset({"input_audio_buffer.append", "input_audio_buffer.commi
                           "input_audio_buffer.clear", "output_audio_buffer.clear"})
 TEXT_PARTS = {"input_text", "text", "output_text"}
 _decoder = msgspec.json.Decoder(float_hook=float)
+_encoder = msgspec.json.Encoder()
+
+
+def encode(frame: dict) -> str:
+    """A server event as a JSON text frame."""
+    return _encoder.encode(frame).decode()
 
 
 def decode(data: bytes | str) -> _Event:

@@ -14,7 +14,7 @@ def response_messages(conversation: Conversation, config: ev.ResponseConfig,
                       session_system: str | None, event_id: str | None) -> list[dict]:
     system = config.instructions if config.instructions is not None else session_system
     if config.input is None:
-        messages = [dict(m) for m in conversation.messages]
+        messages = [dict(m) for m in conversation.session.messages]
     else:
         messages = [_input_message(conversation, item, i, event_id)
                     for i, item in enumerate(config.input)]

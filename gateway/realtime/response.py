@@ -1,4 +1,4 @@
-"""One Realtime response: its stream on the Outbox, and the events that open and close it.
+"""One Realtime response: the events that open and close it, and its stream's frames.
 
     response.created, rate_limits.updated, response.output_item.added,
     response.content_part.added                            (opening(), when accepted)
@@ -13,6 +13,7 @@ then closes the same way, with status `failed`, so a client never waits for ever
 """
 from __future__ import annotations
 
+from engine.outputs import RequestOutput
 from gateway.realtime import server
 from gateway.realtime.conversation import new_id
 from gateway.stream import Stream
@@ -23,7 +24,8 @@ _STATUS = {"stop": ("completed", None), "length": ("incomplete", "max_output_tok
 
 
 class Response:
-    """What a response.create asked for, and how it ended."""
+    """What a response.create asked for, and how it ended; the shaper of its stream's
+    frames (output_text deltas, then output_text.done in place of `done`)."""
 
     def __init__(self, event_id: str | None, conversation_id: str | None,
                  max_tokens: int, metadata: dict | None):
@@ -60,7 +62,7 @@ class Response:
                 server.event("response.content_part.added", **where, item_id=self.item_id,
                              content_index=0, part={"type": "text", "text": ""})]
 
-    def closing(self, stream: "RealtimeStream", previous_item_id: str | None,
+    def closing(self, stream: Stream, previous_item_id: str | None,
                 in_conversation: bool) -> list[dict]:
         status, reason = _STATUS[stream.finish_reason or "error"]
         details = None
@@ -74,7 +76,7 @@ class Response:
         item = server.item(self.item_id, "assistant", text,
                            "completed" if status == "completed" else "incomplete")
         where = {"response_id": self.id, "output_index": 0}
-        events = [] if stream.finish_reason else [stream.text_done()]
+        events = [] if stream.finish_reason else [self.text_done(stream)]
         events += [server.event("response.content_part.done", **where, item_id=self.item_id,
                                 content_index=0, part={"type": "text", "text": text}),
                    server.event("response.output_item.done", **where, item=item)]
@@ -85,26 +87,17 @@ class Response:
             status, stream, details, [item])))
         return events
 
-
-class RealtimeStream(Stream):
-    """A Stream whose delta and done frames are Realtime events of its response."""
-
-    __slots__ = ("response",)
-
-    def __init__(self, response: Response, engine_id: str):
-        super().__init__(response.id, engine_id, "chat")
-        self.response = response
-
-    def delta_frame(self, text: str, n: int, logprobs: list | None) -> dict:
-        # Realtime text responses never ask for log-probabilities: `logprobs` is always None.
+    # -- Shaper: the frames of its stream -----------------------------------------------
+    def delta_frame(self, stream: Stream, out: RequestOutput) -> dict:
+        # Realtime text responses never ask for log-probabilities.
         return server.event("response.output_text.delta", response_id=self.id,
-                            item_id=self.response.item_id, output_index=0, content_index=0,
-                            delta=text)
+                            item_id=self.item_id, output_index=0, content_index=0,
+                            delta=out.delta_text)
 
-    def text_done(self) -> dict:
+    def done_frame(self, stream: Stream, now: float) -> dict:
+        return self.text_done(stream)
+
+    def text_done(self, stream: Stream) -> dict:
         return server.event("response.output_text.done", response_id=self.id,
-                            item_id=self.response.item_id, output_index=0, content_index=0,
-                            text=self.text)
-
-    def done_frame(self, now: float) -> dict:
-        return self.text_done()
+                            item_id=self.item_id, output_index=0, content_index=0,
+                            text=stream.text)

@@ -1,4 +1,4 @@
-"""`GET /v1/realtime`: OpenAI's auth conventions, then one RealtimeConnection.
+"""`GET /v1/realtime`: OpenAI's auth conventions, then one RealtimeProtocol on a SocketCore.
 
 Auth as OpenAI's: `Authorization: Bearer KEY`, or for browsers (which cannot set
 headers on a WebSocket) the subprotocols `realtime` and `openai-insecure-api-key.KEY`;
@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.auth import authenticate, check_origin
-from gateway.protocol import BEARER_PREFIX
-from gateway.realtime.connection import RealtimeConnection
-from gateway.state import RUNTIME
-from gateway.ws import offered_subprotocols, serve_socket, unavailable
+from gateway.auth import BEARER_PREFIX, authenticate, check_origin
+from gateway.realtime.protocol import RealtimeProtocol
+from gateway.runtime import RUNTIME
+from gateway.sockets.upgrade import offered_subprotocols, serve_socket, unavailable
 
 SUBPROTOCOL = "realtime"
 KEY_PREFIX = "openai-insecure-api-key."
@@ -28,6 +27,4 @@ async def realtime_handler(request: web.Request) -> web.WebSocketResponse:
     if not rt.ready:
         raise unavailable(rt)
     chosen = SUBPROTOCOL if SUBPROTOCOL in offered else None
-    return await serve_socket(
-        request, rt, chosen, owner,
-        lambda ws, live, resumed: RealtimeConnection(rt, ws, live, resumed))
+    return await serve_socket(request, rt, chosen, owner, "rtws", RealtimeProtocol)

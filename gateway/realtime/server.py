@@ -24,13 +24,13 @@ def item(item_id: str, role: str, text: str, status: str = "completed") -> dict:
             "role": role, "content": [{"type": _PART_TYPE[role], "text": text}]}
 
 
-def session(session_id: str, model: str, record, default_max_tokens: int) -> dict:
+def session(session_id: str, model: str, system: str | None, params: dict,
+            default_max_tokens: int) -> dict:
     """The `session` object of session.created / session.updated. `id` is the tokenwire
     session id: reconnect with `?session_id=` to resume the conversation."""
-    params = record.params
     return {"type": "realtime", "object": "realtime.session", "id": session_id,
             "model": model, "output_modalities": ["text"],
-            "instructions": record.system or "",
+            "instructions": system or "",
             "max_output_tokens": params.get("max_tokens", default_max_tokens),
             **({"temperature": params["temperature"]} if "temperature" in params else {})}
 

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from aiohttp import web
 
 from gateway.metrics import Metrics
-from gateway.protocol import Codec
 from gateway.stream import Stream
 
 log = logging.getLogger(__name__)
@@ -81,11 +80,11 @@ class Outbox:
         self._ready.set()  # the writer ends even if its cancellation was lost
 
 
-async def run_writer(ws: web.WebSocketResponse, codec: Codec, outbox: Outbox,
-                     metrics: Metrics, send_timeout: float,
+async def run_writer(ws: web.WebSocketResponse, encode: Callable[[dict], bytes | str],
+                     outbox: Outbox, metrics: Metrics, send_timeout: float,
                      on_stuck: Callable[[], None]) -> None:
-    """Write frames until cancelled; a frame not written within send_timeout closes the socket."""
-    send = ws.send_bytes if codec.binary else ws.send_str
+    """Write frames until cancelled; a frame not written within send_timeout closes the
+    socket. `encode` turns a frame into a text (str) or binary (bytes) message."""
     while True:
         # The writer ends when the outbox closes, not only when cancelled: on Python 3.11,
         # wait_for() below swallows a cancellation that lands as the send completes, and
@@ -99,7 +98,9 @@ async def run_writer(ws: web.WebSocketResponse, codec: Codec, outbox: Outbox,
         if frame is None:
             continue
         try:
-            await asyncio.wait_for(send(codec.encode(frame)), send_timeout)
+            data = encode(frame)
+            send = ws.send_bytes if isinstance(data, bytes) else ws.send_str
+            await asyncio.wait_for(send(data), send_timeout)
         except asyncio.TimeoutError:
             log.warning("socket did not drain within %.1fs; closing it", send_timeout)
             on_stuck()

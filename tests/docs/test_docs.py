@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from gateway import server_cli
+from gateway.cli import serve
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -131,7 +131,7 @@ def link_problems(page: Path, root: Path) -> list[str]:
 def cli_flags() -> set[str]:
     """Every long option of `tokenwire serve`, less argparse's own --help."""
     parser = argparse.ArgumentParser()
-    server_cli.add_arguments(parser)
+    serve.add_arguments(parser)
     return {opt for action in parser._actions for opt in action.option_strings  # noqa: SLF001
             if opt.startswith("--") and opt != "--help"}
 

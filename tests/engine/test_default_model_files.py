@@ -44,7 +44,7 @@ def test_cpu_server_imports_neither_dynamo_nor_triton():
     """The gateway and a loaded default model on CPU, in a fresh process without the
     test suite's TRITON_INTERPRET (a served process has none)."""
     script = ("import sys\n"
-              "import gateway.cli\n"
+              "import gateway.cli.server\n"
               "from engine.llm import LLM\n"
               "LLM(model='default', device='cpu', num_threads=2)\n"
               "print(sorted(m for m in ('torch._dynamo', 'triton', 'transformers.generation.utils')"

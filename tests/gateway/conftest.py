@@ -20,10 +20,12 @@ from aiohttp import web
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from gateway.app import build_app, make_runner
+from gateway.cli.server import freeze_startup_heap
 from gateway.config import GatewayConfig
-from gateway.server_cli import freeze_startup_heap
-from gateway.session_store import SessionStore
+from gateway.sessions.store import SessionStore
 from scheduler.config import SchedulerConfig
+from scheduler.door import Scheduler
+from scheduler.models import ModelSlot
 
 FAST = {"heartbeat_s": 5.0, "send_timeout_s": 5.0, "drain_timeout_s": 5.0}
 
@@ -65,8 +67,8 @@ class ServerThread:
                          engine: AsyncEngine, store: SessionStore | None,
                          ssl: ssl_module.SSLContext | None = None) -> str:
         # As `tokenwire serve` does: the startup heap frozen once the engine is ready.
-        app = build_app(config, engine=engine, scheduler_config=scheduler, store=store,
-                        on_ready=freeze_startup_heap)
+        model = ModelSlot(engine=engine, on_ready=freeze_startup_heap)
+        app = build_app(config, Scheduler(scheduler or SchedulerConfig(), model), store)
         runner = make_runner(app, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl)

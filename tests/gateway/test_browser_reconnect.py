@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 from gateway.app import drain
-from gateway.session_store import MemorySessionStore
-from gateway.state import RUNTIME
+from gateway.sessions.store import MemorySessionStore
+from gateway.runtime import RUNTIME
 from loadtest.haproxy_process import HaproxyProcess
 
 from test_clients import CHROMIUM, TOOLS, require

@@ -8,38 +8,42 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import ConfigError
 from engine.config import EngineConfig
-from engine.errors import ConfigError
-from gateway import server_cli
+from gateway.cli import serve
 from gateway.config import GatewayConfig
-from gateway.session_store import SessionStoreConfig
+from gateway.sessions.store import SessionStoreConfig
 from scheduler.config import SchedulerConfig
 
 
-def parse(*argv: str) -> argparse.Namespace:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    server_cli.add_arguments(parser)
-    return parser.parse_args(argv)
+    serve.add_arguments(parser)
+    return parser
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return _parser().parse_args(argv)
 
 
 def test_no_flags_gives_the_dataclass_defaults():
     args = parse()
-    assert server_cli.scheduler_config(args) == SchedulerConfig()
-    assert server_cli.engine_config(args) == EngineConfig()
-    assert server_cli.gateway_config(args, {}) == GatewayConfig()
+    assert serve.scheduler_config(args) == SchedulerConfig()
+    assert serve.engine_config(args) == EngineConfig()
+    assert serve.gateway_config(args, {}) == GatewayConfig()
     home_db = Path.home() / ".local" / "state" / "tokenwire" / "sessions.db"
-    assert server_cli.session_store_config(args, {}) == SessionStoreConfig(f"sqlite://{home_db}")
+    assert serve.session_store_config(args, {}) == SessionStoreConfig(f"sqlite://{home_db}")
 
 
 def test_every_gateway_field_has_a_flag():
     args = parse("--host", "0.0.0.0", "--port", "9", "--max-message-bytes", "7",
                  "--heartbeat", "3", "--receive-timeout", "4", "--send-timeout", "5",
-                 "--max-inflight", "6", "--max-pending-frames", "8", "--max-tokens-cap", "99",
+                 "--max-pending-frames", "8", "--max-tokens-cap", "99",
                  "--default-max-tokens", "9", "--drain-timeout", "10", "--drain-grace", "2",
                  "--reconnect-after", "11", "--max-choices", "12",
                  "--instance-id", "replica-a", "--max-conversation-items", "13",
                  "--api-key", "a", "--allowed-origins", "http://x, http://y")
-    config = server_cli.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
+    config = serve.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
     defaults = GatewayConfig()
     unchanged = [f.name for f in dataclasses.fields(GatewayConfig)
                  if f.init and getattr(config, f.name) == getattr(defaults, f.name)]
@@ -48,12 +52,23 @@ def test_every_gateway_field_has_a_flag():
     assert config.allowed_origins == ("http://x", "http://y")
 
 
+def test_each_setting_has_one_owner_and_one_flag():
+    """--max-inflight is the scheduler's (it enforces it; hello announces it): no other
+    config declares the per-socket limit, and every flag is declared once."""
+    assert serve.scheduler_config(parse("--max-inflight", "6")).max_inflight_per_socket == 6
+    names = [f.name for cls in (GatewayConfig, SchedulerConfig, SessionStoreConfig,
+                                EngineConfig) for f in dataclasses.fields(cls) if f.init]
+    assert len(names) == len(set(names))
+    flags = [o for action in _parser()._actions for o in action.option_strings]
+    assert len(flags) == len(set(flags))
+
+
 def test_session_store_flags():
     args = parse("--session-store", "redis://127.0.0.1:6390/2", "--session-ttl", "60",
                  "--max-sessions", "5", "--max-session-bytes", "4096",
                  "--session-store-timeout", "0.25", "--session-store-retry-after", "300",
                  "--session-store-connections", "7")
-    assert server_cli.session_store_config(args, {}) == SessionStoreConfig(
+    assert serve.session_store_config(args, {}) == SessionStoreConfig(
         "redis://127.0.0.1:6390/2", 60.0, 5, 4096, 0.25, 300, 7)
 
 
@@ -64,7 +79,7 @@ def test_session_store_flags():
     (("--session-store", "sqlite:///data/s.db"), {}, "/data/s.db"),
 ])
 def test_default_store_is_sqlite_in_the_state_dir(argv, environ, path):
-    config = server_cli.session_store_config(parse(*argv), environ)
+    config = serve.session_store_config(parse(*argv), environ)
     assert config.url.startswith("sqlite://") and config.sqlite_path == path
 
 
@@ -87,9 +102,9 @@ def test_engine_and_scheduler_flags_typed_and_none_switches_off():
     args = parse("--num-threads", "1", "--no-prefix-caching", "--max-running-requests", "3",
                  "--kv-usage-enter", "0.5", "--kv-usage-leave", "0.4",
                  "--max-inflight-per-key", "none")
-    engine = server_cli.engine_config(args)
+    engine = serve.engine_config(args)
     assert args.num_threads == 1 and engine.enable_prefix_caching is False
-    sched = server_cli.scheduler_config(args)
+    sched = serve.scheduler_config(args)
     assert (sched.max_running_requests, sched.kv_usage_enter, sched.max_inflight_per_key) == (
         3, 0.5, None)
     with pytest.raises(SystemExit):
@@ -98,7 +113,7 @@ def test_engine_and_scheduler_flags_typed_and_none_switches_off():
 
 def test_bad_values_exit_2_naming_the_field(caplog):
     args = parse("--kv-usage-enter", "0.5", "--kv-usage-leave", "0.9")
-    assert server_cli.run(args) == 2
+    assert serve.run(args) == 2
     assert "kv_usage_leave" in caplog.text
 
 

@@ -11,26 +11,29 @@ import logging
 import aiohttp
 import pytest
 
-import gateway.connection
-import gateway.openai_request
-from gateway.outbox import CLOSE_SLOW_CONSUMER, Outbox, OutboxFull
-from gateway.protocol import ProtocolError
-from gateway.state import RUNTIME
+import gateway.params
+from gateway.errors import RequestError
+from gateway.runtime import RUNTIME
+from gateway.sockets.outbox import CLOSE_SLOW_CONSUMER, Outbox, OutboxFull
 from ws_helpers import open_ws, recv_type, recv_until
 
 LONG = {"max_tokens": 24, "ignore_eos": True, "temperature": 0}
 
 
-def _raise_for(monkeypatch, module, trigger) -> None:
-    """Make `module.build_params` raise RuntimeError for the call `trigger` picks."""
-    real = module.build_params
+FAULTY_SEED = 4242
 
-    def build_params(config, *layers, **kwargs):
-        if trigger(layers, kwargs):
+
+def _raise_for_faulty_seed(monkeypatch) -> None:
+    """Make the params check, which every WS frame and HTTP body passes, raise RuntimeError
+    for the request whose seed is FAULTY_SEED."""
+    real = gateway.params.sampling_params
+
+    def sampling_params(params, **kwargs):
+        if params.seed == FAULTY_SEED:
             raise RuntimeError("injected fault")
-        return real(config, *layers, **kwargs)
+        return real(params, **kwargs)
 
-    monkeypatch.setattr(module, "build_params", build_params)
+    monkeypatch.setattr(gateway.params, "sampling_params", sampling_params)
 
 
 def _tracebacks(caplog) -> list[logging.LogRecord]:
@@ -39,13 +42,13 @@ def _tracebacks(caplog) -> list[logging.LogRecord]:
 
 async def test_a_frame_that_raises_answers_internal_and_spares_the_socket(
         base_url, monkeypatch, caplog):
-    _raise_for(monkeypatch, gateway.connection,
-               lambda layers, kwargs: kwargs.get("request_id") == "boom")
+    _raise_for_faulty_seed(monkeypatch)
     async with aiohttp.ClientSession() as s:
         ws, _ = await open_ws(s, base_url)
         await ws.send_json({"type": "generate", "id": "long", "prompt": "Hi", "params": LONG})
         await recv_type(ws, "delta")  # the other stream is running
-        await ws.send_json({"type": "generate", "id": "boom", "prompt": "Hi"})
+        await ws.send_json({"type": "generate", "id": "boom", "prompt": "Hi",
+                            "params": {"seed": FAULTY_SEED}})
         frames, done = await recv_until(ws, "long")
         errors = [f for f in frames if f["type"] == "error"]
         assert errors == [{"type": "error", "id": "boom", "code": "internal",
@@ -66,12 +69,11 @@ async def _sse_events(resp) -> list[str]:
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_http_request_that_raises_answers_500_and_spares_the_others(
         base_url, monkeypatch, caplog, stream):
-    _raise_for(monkeypatch, gateway.openai_request,
-               lambda layers, kwargs: layers[0].get("seed") == 4242)
+    _raise_for_faulty_seed(monkeypatch)
     body = {"prompt": "Hi", "stream": stream, **LONG}
     async with aiohttp.ClientSession() as s:
         other = asyncio.ensure_future(s.post(base_url + "/v1/completions", json=body))
-        async with s.post(base_url + "/v1/completions", json={**body, "seed": 4242}) as r:
+        async with s.post(base_url + "/v1/completions", json={**body, "seed": FAULTY_SEED}) as r:
             assert r.status == 500
             assert (await r.json())["error"] == {"message": "internal error",
                                                  "type": "server_error", "param": None,
@@ -91,20 +93,20 @@ async def test_a_full_outbox_in_a_request_task_closes_the_socket(server, base_ur
                                                                  monkeypatch):
     """A request task that cannot queue its reply (the client is not reading) closes the
     socket as the reader would, instead of dying unseen with the socket left open."""
-    gate = server.apps[base_url][RUNTIME].gate
-    real_admit, real_put = gate.admit, Outbox.put
+    rt = server.apps[base_url][RUNTIME]
+    real_admit, real_put = rt.admit, Outbox.put
 
-    async def admit(request_id, *args, **kwargs):
-        if request_id == "full":
-            raise ProtocolError("overloaded", "try later", request_id, retry_after_ms=10)
-        return await real_admit(request_id, *args, **kwargs)
+    async def admit(stream, *args, **kwargs):
+        if stream.id == "full":
+            raise RequestError("overloaded", "try later", stream.id, retry_after_ms=10)
+        return await real_admit(stream, *args, **kwargs)
 
     def put(outbox, frame):
         if frame.get("id") == "full":
             raise OutboxFull("injected")
         real_put(outbox, frame)
 
-    monkeypatch.setattr(gate, "admit", admit)
+    monkeypatch.setattr(rt, "admit", admit)
     monkeypatch.setattr(Outbox, "put", put)
     async with aiohttp.ClientSession() as s:
         ws, _ = await open_ws(s, base_url)

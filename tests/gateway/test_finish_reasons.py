@@ -10,7 +10,7 @@ import json
 import aiohttp
 import pytest
 
-from gateway.state import RUNTIME
+from gateway.runtime import RUNTIME
 from ws_helpers import open_ws, recv_type, recv_until, tiny_engine
 
 LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}

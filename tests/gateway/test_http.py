@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ws_helpers import open_ws, recv_type, recv_until
 
-METRICS = {  # DESIGN.md's list: name (without prefix) -> Prometheus type
+METRICS = {  # docs/http-api.md's list: name (without prefix) -> Prometheus type
     "time_to_first_token_seconds": "histogram", "inter_token_latency_seconds": "histogram",
     "e2e_request_latency_seconds": "histogram", "request_queue_time_seconds": "histogram",
     "requests_running": "gauge", "requests_waiting": "gauge", "kv_cache_usage_ratio": "gauge",

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.outbox import Outbox, run_writer
-from gateway.protocol import Codec
+from gateway.sockets.outbox import Outbox, run_writer
+from gateway.ws.frames import Codec
 
 
 class HeldSocket:
@@ -27,7 +27,7 @@ class HeldSocket:
 
 async def test_writer_ends_when_closed_even_if_its_cancellation_is_lost():
     ws, outbox = HeldSocket(), Outbox(max_pending=8)
-    writer = asyncio.create_task(run_writer(ws, Codec(binary=False), outbox, None, 5.0,
+    writer = asyncio.create_task(run_writer(ws, Codec(binary=False).encode, outbox, None, 5.0,
                                             lambda: None))
     outbox.put({"type": "pong", "t": 1})
     for _ in range(3):

@@ -13,7 +13,7 @@ from realtime_helpers import connect, parse, recv, say
 from ws_helpers import open_ws, recv_type, recv_until as ws_recv_until
 
 from gateway.app import drain
-from gateway.session_store import MemorySessionStore
+from gateway.sessions.store import MemorySessionStore
 from scheduler.config import SchedulerConfig
 
 LONG_WS = {"max_tokens": 2000, "ignore_eos": True}
@@ -141,8 +141,8 @@ async def test_item_and_session_byte_limits(server):
 
 async def test_overloaded_and_rate_limited_are_errors_and_failed_responses(server, base_url):
     # KV-usage overload trips at 2% of the shared engine's blocks: one long prompt holds it.
-    url = server.start_app(max_inflight_per_socket=1,
-                           scheduler=SchedulerConfig(kv_usage_enter=0.02, kv_usage_leave=0.01))
+    url = server.start_app(scheduler=SchedulerConfig(kv_usage_enter=0.02, kv_usage_leave=0.01,
+                                                     max_inflight_per_socket=1))
     try:
         async with aiohttp.ClientSession() as http:
             hog, _ = await open_ws(http, base_url)

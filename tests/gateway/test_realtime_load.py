@@ -7,7 +7,7 @@ import asyncio
 
 from realtime_helpers import connect, recv, say
 
-from gateway.state import RUNTIME
+from gateway.runtime import RUNTIME
 from scheduler.config import SchedulerConfig
 
 CONVERSATIONS, TURNS = 64, 3
@@ -60,6 +60,6 @@ async def test_64_conversations_3_turns_all_end_and_leave_nothing(server):
         assert await settled(lambda: not rt.connections and len(rt.sessions) == 0)
         assert await settled(lambda: server_tasks(server) <= tasks_before)
         assert server.all_blocks_free()
-        assert rt.gate.controller.num_waiting == 0
+        assert rt.scheduler.admission.num_waiting == 0
     finally:
         server.stop_app(url)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.session_store import SessionConflictError, SessionRecord
-from gateway.sessions import SessionRegistry
-from gateway.sqlite_store import SqliteSessionStore
+from gateway.sessions.store import SessionConflictError, SessionRecord
+from gateway.sessions.registry import SessionRegistry
+from gateway.sessions.sqlite import SqliteSessionStore
 
 OWNER = "ab" * 32
 

@@ -14,8 +14,8 @@ import time
 import aiohttp
 from ws_helpers import open_ws
 
-from gateway.redis_store import RedisSessionStore
-from gateway.session_store import SessionRecord, SessionStoreConfig
+from gateway.sessions.redis import RedisSessionStore
+from gateway.sessions.store import SessionRecord, SessionStoreConfig
 
 SESSIONS = 10_000
 RATE = 250  # sessions per second, each one save and one load (40 s in all)

@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 from ws_helpers import open_ws, recv_type, recv_until
 
-from gateway.sqlite_store import SqliteSessionStore
+from gateway.sessions.sqlite import SqliteSessionStore
 
 ROUNDS = 20
 CLIENTS = 4

@@ -6,8 +6,8 @@ import aiohttp
 from services import RedisServer
 from ws_helpers import open_ws, recv_type, recv_until
 
-from gateway.redis_store import RedisSessionStore
-from gateway.session_store import SessionStoreConfig
+from gateway.sessions.redis import RedisSessionStore
+from gateway.sessions.store import SessionStoreConfig
 
 
 async def test_reply_saved_by_the_next_save_after_an_outage(server, tmp_path):

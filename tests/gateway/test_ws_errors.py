@@ -79,8 +79,8 @@ async def test_duplicate_id_and_busy(base_url):
 
 
 async def test_rate_limited_per_socket_and_per_key(server):
-    url = server.start_app(max_inflight_per_socket=1, api_keys=("key-one", "key-two"),
-                           scheduler=SchedulerConfig(max_inflight_per_key=2))
+    url = server.start_app(api_keys=("key-one", "key-two"), scheduler=SchedulerConfig(
+        max_inflight_per_key=2, max_inflight_per_socket=1))
     one, two = ({"Authorization": f"Bearer key-{k}"} for k in ("one", "two"))
     try:
         async with aiohttp.ClientSession() as s:

@@ -6,7 +6,7 @@ import socket
 import aiohttp
 import msgpack
 
-from gateway.protocol import MSGPACK_SUBPROTOCOL
+from gateway.ws.frames import MSGPACK_SUBPROTOCOL
 
 from ws_helpers import open_ws, recv_type, recv_until
 

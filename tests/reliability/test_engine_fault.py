@@ -20,8 +20,10 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from gateway.app import build_app, make_runner
 from gateway.config import GatewayConfig
-from gateway.state import RUNTIME
+from gateway.runtime import RUNTIME
 from scheduler.config import SchedulerConfig
+from scheduler.door import Scheduler
+from scheduler.models import ModelSlot
 
 from .harness import recv
 
@@ -32,7 +34,8 @@ MAX_TOKENS = 16
 PLACES = {"forward": "the forward pass", "sampler": "the sampler",
           "after_sampling": "one request after sampling"}
 # Admission lets all 65 through to the engine, whose own queue holds what waits.
-ADMIT_ALL = SchedulerConfig(max_running_requests=SOCKETS * PER_SOCKET + 1, ttft_bound_s=600)
+ADMIT_ALL = SchedulerConfig(max_running_requests=SOCKETS * PER_SOCKET + 1, ttft_bound_s=600,
+                            max_inflight_per_socket=PER_SOCKET + 1)
 
 
 class Faults:
@@ -91,8 +94,7 @@ async def serve():
                               max_model_len=1024, **engine_overrides)
         engine = await asyncio.to_thread(AsyncEngine, config)
         await engine.start()
-        app = build_app(GatewayConfig(port=0, max_inflight_per_socket=PER_SOCKET + 1),
-                        engine=engine, scheduler_config=ADMIT_ALL)
+        app = build_app(GatewayConfig(port=0), Scheduler(ADMIT_ALL, ModelSlot(engine=engine)))
         runner = make_runner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

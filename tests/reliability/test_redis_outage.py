@@ -13,8 +13,8 @@ import asyncio
 import aiohttp
 from services import RedisServer
 
-from gateway.redis_store import RedisSessionStore
-from gateway.session_store import SessionStoreConfig
+from gateway.sessions.redis import RedisSessionStore
+from gateway.sessions.store import SessionStoreConfig
 
 from .harness import connect, history, recv, settle
 

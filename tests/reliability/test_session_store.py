@@ -9,17 +9,17 @@ import threading
 import pytest
 from services import RedisServer
 
-from gateway.session_store import (
-    MemorySessionStore,
+from gateway.sessions.factory import make_session_store
+from gateway.sessions.store import MemorySessionStore
+from gateway.sessions.redis import RedisSessionStore
+from gateway.sessions.sqlite import SqliteSessionStore
+from gateway.sessions.store import (
     SessionConflictError,
     SessionRecord,
     SessionStoreConfig,
     SessionStoreUnavailableError,
     SessionTooLargeError,
-    make_session_store,
 )
-from gateway.redis_store import RedisSessionStore
-from gateway.sqlite_store import SqliteSessionStore
 
 
 class FakeClock:

@@ -18,8 +18,10 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from gateway.app import build_app
 from gateway.config import GatewayConfig
-from gateway.state import RUNTIME
+from gateway.runtime import RUNTIME
 from scheduler.config import SchedulerConfig
+from scheduler.door import Scheduler
+from scheduler.models import ModelSlot
 
 
 class Server:
@@ -49,7 +51,7 @@ class Server:
         return self.call(self._start_app(config, scheduler))
 
     async def _start_app(self, config, scheduler):
-        app = build_app(config, engine=self.engine, scheduler_config=scheduler)
+        app = build_app(config, Scheduler(scheduler, ModelSlot(engine=self.engine)))
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5.0)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -37,7 +37,7 @@ async def _connect_all(session: aiohttp.ClientSession, url: str) -> list[WsClien
 async def test_burst_on_a_cold_replica_is_served_or_refused_at_once(server):
     url, app = server.start_app(SchedulerConfig())  # a fresh controller: nothing measured
     rt = server.runtime(app)
-    controller = rt.gate.controller
+    controller = rt.scheduler.admission
     connector = aiohttp.TCPConnector(limit=0)  # 200 sockets to one host
     async with aiohttp.ClientSession(connector=connector) as session:
         clients = await _connect_all(session, url)

@@ -52,8 +52,8 @@ async def offer(clients: list[WsClient], rate: float, duration: float):
 
 
 async def test_overload_refuses_at_the_door_and_keeps_admitted_ttft(server):
-    url, app = server.start_app(SCHED, max_inflight_per_socket=64)
-    controller = server.runtime(app).gate.controller
+    url, app = server.start_app(SCHED)
+    controller = server.runtime(app).scheduler.admission
     process = psutil.Process()
     async with aiohttp.ClientSession() as session:
         clients = [await WsClient(session, url).__aenter__() for _ in range(4)]
@@ -124,9 +124,9 @@ async def test_cancelled_requests_do_not_count_as_served(server):
     every request while the engine is saturated teaches the server no rate at all."""
     # The prior lets one request queue behind the running one before any rate is measured.
     url, app = server.start_app(SchedulerConfig(max_running_requests=1, ttft_bound_s=600.0,
-                                                initial_drain_rps=1.0),
-                                max_inflight_per_socket=64)
-    controller = server.runtime(app).gate.controller
+                                                initial_drain_rps=1.0,
+                                                max_inflight_per_socket=64))
+    controller = server.runtime(app).scheduler.admission
     async with aiohttp.ClientSession() as session, WsClient(session, url) as client:
         await client.generate("c0", prompt(0), 500)
         start, i = time.perf_counter(), 0

@@ -35,7 +35,7 @@ async def test_chat_first_then_priority_then_arrival(server):
     sched = SchedulerConfig(max_running_requests=1, ttft_bound_s=3600.0,
                             priority_min=-10, priority_max=10)
     url, app = server.start_app(sched)
-    controller = server.runtime(app).gate.controller
+    controller = server.runtime(app).scheduler.admission
     async with aiohttp.ClientSession() as session:
         clients = [await WsClient(session, url).__aenter__() for _ in range(5)]
         hold, bulk, urgent, chat, later = clients

@@ -134,7 +134,7 @@ async def test_socket_that_does_not_drain_is_closed_and_its_requests_aborted(ser
         assert time.perf_counter() - start < 60, "the stalled socket was never closed"
         await asyncio.sleep(0.05)
     closed_after = time.perf_counter() - start
-    while engine.stats().num_running or rt.gate.controller.num_running:
+    while engine.stats().num_running or rt.scheduler.admission.num_running:
         assert time.perf_counter() - start < 60, "its requests still run"
         await asyncio.sleep(0.05)
     generated = engine.stats().generation_tokens - before
@@ -145,8 +145,8 @@ async def test_socket_that_does_not_drain_is_closed_and_its_requests_aborted(ser
     assert engine.stats().generation_tokens - before == generated  # nothing runs on
     assert generated < SLOW_STREAMS * long_run // 2
     assert engine.stats().kv_usage == 0.0  # every block back (the others are done)
-    assert rt.gate.controller.num_waiting == 0
-    assert not rt.gate.controller._per_socket  # noqa: SLF001 - no count outlives the socket
+    assert rt.scheduler.admission.num_waiting == 0
+    assert not rt.scheduler.admission._per_socket  # noqa: SLF001 - no count outlives the socket
     with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
         while await asyncio.wait_for(stalled.recv(), 10) is not None:
             pass  # what the buffers held, then the close or a reset

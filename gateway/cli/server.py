@@ -1,0 +1,109 @@
+"""The server process of `tokenwire serve`: listen, serve, drain on a signal, exit.
+
+SIGTERM/SIGINT start a graceful drain (gateway/app.py); a second signal skips the wait.
+The listener starts before the model loads, so /health and /ready answer at once. When
+the engine dies (max_consecutive_failed_steps failed steps in a row) the process exits
+with status 1 so that its supervisor restarts it.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import re
+import signal
+
+from aiohttp import web
+
+from engine.config import EngineConfig
+from gateway.app import build_app, drain, make_runner
+from gateway.config import GatewayConfig
+from gateway.sessions.factory import make_session_store
+from gateway.sessions.store import SessionStoreConfig
+from scheduler.config import SchedulerConfig
+from scheduler.door import Scheduler
+from scheduler.models import ModelSlot
+
+log = logging.getLogger("tokenwire.serve")
+
+
+def exit_now(code: int) -> None:
+    """Flush the logs and end the process without the interpreter's teardown.
+
+    Everything that must outlive the process (sessions, sockets) is closed or given up by
+    now; the teardown of the model and the frozen startup heap would add about half a
+    second to a drain that has promised to end within its bound."""
+    logging.shutdown()
+    os._exit(code)
+
+
+# Seconds of the drain's grace kept for the process's exit (see serve).
+EXIT_RESERVE_S = 0.25
+
+
+def freeze_startup_heap() -> None:
+    """Put everything alive once the model is up (weights' wrappers, tokenizer, imported
+    modules: ~380k objects on the default model) beyond the garbage collector's reach.
+
+    A full collection walks every tracked object with the GIL held, so it stalls the event
+    loop and the engine together: ~190 ms per collection with this heap (docs/benchmarks.md).
+    Frozen, a full collection walks only what serving allocated since. Garbage is
+    collected first so that none of it is kept for good. The collector is the process's,
+    so the entry point decides this: it runs once the model is ready."""
+    gc.collect()
+    gc.freeze()
+
+
+async def serve(config: GatewayConfig, engine_cfg: EngineConfig, sched_cfg: SchedulerConfig,
+                store_cfg: SessionStoreConfig) -> int:
+    """Serve until SIGTERM/SIGINT (then drain) or the engine's death (then status 1)."""
+    model = ModelSlot(config=engine_cfg, on_ready=freeze_startup_heap)
+    log.info("sessions in %s", re.sub(r"//[^@/]*@", "//", store_cfg.url))  # no password
+    # The app owns the store from here: its cleanup closes it.
+    app = build_app(config, Scheduler(sched_cfg, model), make_session_store(store_cfg))
+    runner = make_runner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, config.host, config.port).start()
+    log.info("listening on http://%s:%d (model %s loading)", config.host, config.port,
+             engine_cfg.model)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if await _engine_died(stop, model.dead):
+        log.critical("exiting with status 1 for a restart: %s", model.reason)
+        await runner.cleanup()
+        return 1
+    stop.clear()
+    log.info("draining (up to %.0fs; signal again to skip)", config.drain_timeout_s)
+    started = loop.time()
+    drain_task = asyncio.create_task(drain(app))
+    second_signal = asyncio.create_task(stop.wait())
+    await asyncio.wait([drain_task, second_signal], return_when=asyncio.FIRST_COMPLETED)
+    drain_task.cancel()
+    second_signal.cancel()
+    log.info("drained in %.2fs; stopping", loop.time() - started)
+    # The engine stops after the step it is in; on a slow CPU that step can outlast the
+    # drain's bound, and nothing is lost by not waiting for it (the process exits next).
+    # Part of the grace is kept for the exit itself (unmapping a model's memory).
+    bound = (started + config.drain_timeout_s + config.drain_grace_s
+             - min(EXIT_RESERVE_S, config.drain_grace_s / 2))
+    cleanup = asyncio.create_task(runner.cleanup())
+    done, _ = await asyncio.wait([cleanup], timeout=max(0.1, bound - loop.time()))
+    log.info("stopped %.2fs after the signal", loop.time() - started)
+    if not done:
+        # Not even the event loop's own teardown: it would cancel every handler still
+        # running and wait for them, well past the bound with many streams open.
+        log.warning("shutdown reached the drain's bound; exiting without waiting for it")
+        exit_now(0)
+    return 0
+
+
+async def _engine_died(stop: asyncio.Event, engine_dead: asyncio.Event) -> bool:
+    """Wait for a stop signal or the engine's death; True if the engine died first."""
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(engine_dead.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in waits:
+        task.cancel()
+    return engine_dead.is_set() and not stop.is_set()

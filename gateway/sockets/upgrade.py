@@ -1,0 +1,71 @@
+"""The WebSocket upgrade every socket endpoint shares: limits, session, serve, detach.
+
+    route (per protocol): origin, auth, subprotocol choice -> serve_socket(...)
+    serve_socket: the session (?session_id=) attached, 101 with its id, the protocol's
+                  SocketCore served until the socket closes, the session detached
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import hdrs, web
+
+from gateway.errors import error_response
+from gateway.runtime import Runtime
+from gateway.sessions.store import SessionStoreUnavailableError
+from gateway.sockets.core import SocketCore, WireProtocol
+
+SESSION_HEADER = "X-Tokenwire-Session"
+
+# (the socket's core, holding its session; whether the session was resumed) -> the protocol
+ProtocolFactory = Callable[[SocketCore, bool], WireProtocol]
+
+
+def offered_subprotocols(request: web.Request) -> list[str]:
+    header = request.headers.get(hdrs.SEC_WEBSOCKET_PROTOCOL, "")
+    return [part.strip() for part in header.split(",") if part.strip()]
+
+
+def unavailable(rt: Runtime) -> web.HTTPException:
+    """503 before the upgrade: the model is loading or failed, or the server draining."""
+    retry_s = max(1, rt.config.reconnect_after_ms // 1000)
+    code = "draining" if rt.status == "draining" else "overloaded"
+    return error_response(web.HTTPServiceUnavailable, f"not ready: {rt.reason}", code,
+                          headers={"Retry-After": str(retry_s)})
+
+
+async def serve_socket(request: web.Request, rt: Runtime, chosen: str | None,
+                       owner: str | None, tag_prefix: str,
+                       make_protocol: ProtocolFactory) -> web.WebSocketResponse:
+    """Upgrade with the gateway's socket limits, attach the session (`?session_id=`) and
+    serve the protocol `make_protocol` builds until the socket closes."""
+    config = rt.config
+    ws = web.WebSocketResponse(heartbeat=config.heartbeat_s,
+                               receive_timeout=config.receive_timeout_s,
+                               # aiohttp refuses a frame of exactly max_msg_size bytes;
+                               # ours is the largest allowed, so the bound is one more.
+                               max_msg_size=config.max_message_bytes + 1,
+                               protocols=(chosen,) if chosen else ())
+    try:
+        live, resumed = await rt.sessions.attach(request.query.get("session_id"), owner)
+    except SessionStoreUnavailableError as exc:  # the session to resume cannot be read
+        retry_s = str(max(1, -(-exc.retry_after_ms // 1000)))
+        raise error_response(web.HTTPServiceUnavailable, str(exc), exc.code,
+                             headers={"Retry-After": retry_s}) from None
+    # The 101 names the session, so a load balancer can learn which replica holds it
+    # (deploy/haproxy: a stick table) before the client reconnects with ?session_id=.
+    ws.headers[SESSION_HEADER] = live.id
+    core = None
+    try:
+        await ws.prepare(request)
+        core = SocketCore(rt, ws, live, tag_prefix)
+        protocol = make_protocol(core, resumed)
+        rt.connections.add(core)
+        rt.metrics.ws_active.inc()
+        await core.serve(protocol)
+    finally:
+        if core is not None and core in rt.connections:
+            rt.connections.discard(core)
+            rt.metrics.ws_active.dec()
+        rt.sessions.detach(live)
+    return ws

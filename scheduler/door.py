@@ -1,0 +1,116 @@
+"""Scheduler: the gateway's one door to the engine.
+
+    gateway                               scheduler                        engine
+    -------                               ---------                        ------
+    admission = await admit(Ask)  ──>  AdmissionController: admit,
+                                       queue (bounded) or refuse
+                                       (Rejected, InvalidAdmission)
+    admission.generate(prompt, ...) ─────────────────────────────>  AsyncEngine.generate
+        <── outputs, merged in the request's Mailbox ─────────────────────┘
+    admission.release(tokens, finish)  ──>  the slot goes to the next in the queue
+
+The gateway hands over token ids and SamplingParams and gets RequestOutputs back; it
+never holds the engine. Admission decides from counters and the latest signal samples
+(scheduler/policy.py); the engine's stats and NVML are read here, never per token.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scheduler.admission import AdmissionController
+from scheduler.config import SchedulerConfig
+from scheduler.models import ModelSlot
+from scheduler.signals import ResourceSampler
+from scheduler.ticket import Ticket
+
+if TYPE_CHECKING:
+    from engine import EngineStats, RequestOutput, SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What admission weighs: the request's class (`chat` turns run ahead of bulk
+    `generate`), its priority and prompt length, and whose it is (the socket, None for
+    HTTP; the owner's key hash, None without auth) for the per-socket and per-key limits."""
+
+    kind: str
+    priority: int = 0
+    prompt_tokens: int = 0
+    socket: object | None = None
+    owner: str | None = None
+
+
+class Admission:
+    """An admitted request's engine slot: dispatch its engine request(s) (one, or one per
+    sample of `n`), then `release` it, always (idempotent)."""
+
+    __slots__ = ("_ticket", "_model")
+
+    def __init__(self, ticket: Ticket, model: ModelSlot):
+        self._ticket = ticket
+        self._model = model
+
+    def generate(self, prompt: list[int], params: SamplingParams, request_id: str,
+                 parent_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """The request's outputs as the engine produces them; closing the iterator aborts
+        the request (its KV blocks freed). `parent_id` shares another live sample's
+        prompt blocks (n > 1)."""
+        return self._model.engine().generate(prompt, params, request_id, parent_id)
+
+    def release(self, tokens_generated: int = 0, finish_reason: str | None = None) -> None:
+        self._ticket.release(tokens_generated, finish_reason)
+
+
+class Scheduler:
+    """Admission, queueing and dispatch in front of the model's engine."""
+
+    def __init__(self, config: SchedulerConfig, model: ModelSlot,
+                 sampler: ResourceSampler | None = None):
+        self.config = config
+        self.model = model
+        self.sampler = sampler if sampler is not None else ResourceSampler(
+            config.nvml_interval_s)
+        self.admission = AdmissionController(config, model.stats, self.sampler)
+
+    async def start(self) -> None:
+        await self.admission.start()
+
+    async def stop(self) -> None:
+        """Refuse everything still queued; stop sampling."""
+        await self.admission.stop()
+
+    async def admit(self, ask: Ask) -> Admission:
+        """An engine slot for this request, waiting in the queue if it must; raises
+        Rejected (overloaded, rate_limited) or InvalidAdmission (a bad priority)."""
+        ticket = self.admission.try_admit(ask.kind, ask.priority, ask.prompt_tokens,
+                                          ask.socket, ask.owner)
+        try:
+            await ticket.wait()
+        except BaseException:
+            ticket.release()  # refused or cancelled while queued: give the place back
+            raise
+        return Admission(ticket, self.model)
+
+    def refuse_queued(self, code: str, retry_after_ms: int, message: str) -> None:
+        """Refuse every request still waiting for an engine slot (a drain's deadline)."""
+        self.admission.refuse_queued(code, retry_after_ms, message)
+
+    def stats(self) -> EngineStats | None:
+        """The engine's stats with the admission queue counted as waiting (for /metrics)."""
+        stats = self.model.stats()
+        if stats is None:
+            return None
+        return dataclasses.replace(stats, num_waiting=stats.num_waiting
+                                   + self.admission.num_waiting)
+
+    def gpu_sample(self) -> tuple[float, int] | None:
+        """(utilization 0..1, memory bytes) from NVML, None where there is no GPU."""
+        s = self.sampler
+        return None if s.gpu_util is None else (s.gpu_util, s.gpu_memory_used)
+
+    def overloaded(self) -> bool:
+        """Whether an overload signal holds now (for /ready)."""
+        return self.admission.overloaded is not None
