@@ -17,7 +17,7 @@ import sys
 import time
 
 from loadtest.config import LoadTestConfig
-from loadtest.datasets import Prompt
+from loadtest.datasets import Prompt, token_prompts
 from loadtest.metrics import summarize
 from loadtest.report import print_report
 from loadtest.server_process import ServerProcess
@@ -85,15 +85,6 @@ def run_online(cfg: LoadTestConfig, workload: dict) -> tuple[dict, list]:
 
 
 # -- online vs offline --------------------------------------------------------------------
-def token_prompts(tokenizer, num: int, input_len: int, output_len: int, seed: int) -> list[Prompt]:
-    """`tokenwire bench`'s seeded random token-id prompts, as loadtest Prompts."""
-    from loadtest.offline_bench import random_prompts
-    from loadtest.roofline import Workload
-
-    ids = random_prompts(len(tokenizer), Workload(num, input_len, output_len), seed)
-    return [Prompt("", input_len, output_len, tuple(p)) for p in ids]
-
-
 def compare_offline(args: argparse.Namespace) -> dict:
     from loadtest.tokenizer import load_tokenizer
 
@@ -103,8 +94,8 @@ def compare_offline(args: argparse.Namespace) -> dict:
     loads = {}
     for c in (int(c) for c in args.concurrency.split(",")):
         n = args.num_prompts or 4 * c
-        warm = token_prompts(tokenizer, c, args.input_len, 4, args.seed + 999_000 + c)
-        runs = [token_prompts(tokenizer, n, args.input_len, args.output_len,
+        warm = token_prompts(len(tokenizer), c, args.input_len, 4, args.seed + 999_000 + c)
+        runs = [token_prompts(len(tokenizer), n, args.input_len, args.output_len,
                               args.seed + 1000 * r + c) for r in range(args.repeat)]
         loads[c] = (warm, runs)
     online = {c: [] for c in loads}

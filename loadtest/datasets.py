@@ -26,6 +26,20 @@ class Prompt:
     token_ids: tuple[int, ...] | None = None
 
 
+def token_id_prompts(vocab: int, num: int, input_len: int, seed: int) -> list[list[int]]:
+    """`tokenwire bench`'s prompts: seeded random token ids away from the special tokens at
+    both ends of the vocab."""
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab - 100) for _ in range(input_len)] for _ in range(num)]
+
+
+def token_prompts(vocab: int, num: int, input_len: int, output_len: int,
+                  seed: int) -> list[Prompt]:
+    """The same token-id prompts as Prompts, for the comparisons that serve them."""
+    ids = token_id_prompts(vocab, num, input_len, seed)
+    return [Prompt("", input_len, output_len, tuple(p)) for p in ids]
+
+
 def request_params(prompt: Prompt, temperature: float, ignore_eos: bool) -> dict:
     """The protocol's `params` for one request of the workload."""
     params = {"max_tokens": prompt.output_len, "temperature": temperature}

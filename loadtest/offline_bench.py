@@ -5,7 +5,6 @@ rounds."""
 from __future__ import annotations
 
 import argparse
-import random
 import time
 
 import torch
@@ -13,6 +12,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.llm import set_num_threads
 from loadtest import hf_peers, peer_bench
+from loadtest.datasets import token_id_prompts
 from loadtest.report import print_report
 from loadtest.roofline import (SUSTAIN_S, Workload, around, bandwidth_ceiling,
                                compute_ceiling, measure_hardware)
@@ -57,11 +57,11 @@ def run(args: argparse.Namespace) -> int:
         if round_ == 0:
             device = llm.engine_config.resolved_device()
             dtype = llm.engine_config.resolved_dtype()
-            prompts = random_prompts(len(llm.tokenizer), workload, args.seed)
+            prompts = token_id_prompts(len(llm.tokenizer), workload.num_prompts,
+                                       workload.input_len, args.seed)
             # Warm-up prompts of their own: warming up on the timed prompts would leave
             # their blocks in our prefix cache (HF has none) and skip part of the prefill.
-            warmup = random_prompts(len(llm.tokenizer), Workload(2, args.input_len, 4),
-                                    args.seed + 1)
+            warmup = token_id_prompts(len(llm.tokenizer), 2, args.input_len, args.seed + 1)
         timings.setdefault("tokenwire", []).append(
             _time_engine_against_ceiling(llm, prompts, warmup, workload, device, dtype))
         del llm  # free the KV pool before the peers load their own copy of the weights
@@ -83,13 +83,6 @@ def _engine_limits(args) -> dict:
     if args.max_num_batched_tokens:
         limits["max_num_batched_tokens"] = args.max_num_batched_tokens
     return limits
-
-
-def random_prompts(vocab: int, w: Workload, seed: int) -> list[list[int]]:
-    """Seeded random token ids away from the special tokens at both ends of the vocab."""
-    rng = random.Random(seed)
-    return [[rng.randrange(100, vocab - 100) for _ in range(w.input_len)]
-            for _ in range(w.num_prompts)]
 
 
 def _time_engine_against_ceiling(llm: LLM, prompts, warmup, w: Workload, device,

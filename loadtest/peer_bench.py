@@ -18,6 +18,7 @@ import time
 import psutil
 
 from loadtest.config import LoadTestConfig
+from loadtest.datasets import token_prompts
 from loadtest.llama_server import LlamaServer, find_llama_server
 from loadtest.report import print_report
 from loadtest.server_process import ServerProcess
@@ -78,7 +79,6 @@ def run_peer(args: argparse.Namespace) -> int:
 def drive(url: str, c: int, round_: int, args) -> dict:
     """One turn at concurrency c: a warm-up of c short requests, then max(8, 2c) prompts
     fresh to both servers (seeded by c and the round: no prefix-cache hits)."""
-    from loadtest.compare import token_prompts
     from loadtest.metrics import summarize
     from loadtest.workload import run_loop, run_workload
     tokenizer = _default_tokenizer()
@@ -87,9 +87,10 @@ def drive(url: str, c: int, round_: int, args) -> dict:
                          seed=args.seed)
     row = None
     seed = args.seed + 1000 * round_ + c
-    for prompts, keep in ((token_prompts(tokenizer, c, args.input_len, 4, seed + 999_000),
+    vocab = len(tokenizer)
+    for prompts, keep in ((token_prompts(vocab, c, args.input_len, 4, seed + 999_000),
                            False),
-                          (token_prompts(tokenizer, n, args.input_len, args.output_len, seed),
+                          (token_prompts(vocab, n, args.input_len, args.output_len, seed),
                            True)):
         outcome = run_loop(run_workload(cfg, {"prompts": prompts}))
         if keep:
