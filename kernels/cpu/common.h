@@ -30,8 +30,7 @@ inline void store8(float* p, float8 v) { __builtin_memcpy(p, &v, sizeof v); }
 // rows: waking a thread costs more than it saves), else run_chunks(chunks, fn(c)) over the
 // worker pool. Not at::parallel_for at a row grain: after each of its OpenMP regions
 // libgomp's threads spin for milliseconds (its default wait policy), on the core the
-// matmuls' pool needs next; a 32-row greedy batch of the default model ran 1.3-1.6x
-// slower in-process for the four such regions of every layer (Zen 3, 2 cores).
+// matmuls' pool needs next, four such regions a layer (docs/kernels.md has the cost).
 inline constexpr int64_t kMinChunkFloats = int64_t(1) << 15;
 
 template <class RunChunks, class F>

@@ -1,9 +1,9 @@
 // y = x W^T (+ b) in fp32 on a weight packed once into panels of 16 output columns.
 //
 // Why not oneDNN: at a decode step's few rows every weight streams from memory once per
-// step, and on the 2-core Zen 3 CI box oneDNN's AVX2 matmul ran these shapes at 60-98
-// GFLOP/s against 100-125 for this loop (BENCHMARKS.md); at prefill's 2048 rows it is
-// level or ahead. Packing makes each panel one contiguous stream in the order the loop
+// step, and there this loop outruns oneDNN's matmul on the model's shapes; at prefill's
+// thousands of rows oneDNN is level or ahead (docs/kernels.md, "Where the CPU thresholds
+// come from"). Packing makes each panel one contiguous stream in the order the loop
 // reads it.
 //
 // The inner tile (panel_tile.h, shared with prefill attention) is the classic

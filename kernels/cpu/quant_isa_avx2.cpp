@@ -1,5 +1,5 @@
 // Quantized matmul with AVX2 + FMA + F16C, compiled for that set alone and called only where
-// the CPU has it (quant_linear.cpp): CPUs without AVX-512 (AMD Zen 2/3, most laptops).
+// the CPU has it (quant_linear.cpp): CPUs with AVX2 and without AVX-512.
 //
 // AVX2 has no VNNI, so every activation level costs a pass of multiplies: these dots read
 // the first kSimdLevels (2) of the three (quant_kernels.h), activations to within

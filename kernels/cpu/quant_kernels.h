@@ -28,8 +28,8 @@
 // (the ninth parts at a 3e-4 tie of HF's top two), three on 9 of 9; logprobs lie from fp32
 // activations' at a median 1e-3 with two levels, 1e-5 with three (python -m
 // loadtest.logprob_error). The AVX2 and AVX-512 dots pay a pass of multiplies per level and
-// read only the first two (kSimdLevels: on AVX2 10% less time per decode matmul, Zen 3; on
-// an AVX-512 Xeon 5-33% less time per decoded token); portable reads all three.
+// read only the first two (kSimdLevels: the time saved is in docs/kernels.md); portable
+// reads all three.
 // The offsets multiply the exact fp32 sum of x over each sub-block.
 #pragma once
 

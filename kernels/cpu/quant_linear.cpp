@@ -22,19 +22,17 @@ constexpr int64_t kRows = 4, kChunksPerThread = 4, kMinChunkMacs = int64_t(1) <<
 
 // From kDenseRows activation rows on (a long prefill chunk) the weight is unpacked a chunk
 // of rows at a time into fp32 scratch (never kept: kDenseChunkFloats of it) and multiplied
-// by torch's GEMM with the exact fp32 activations. On the default model's shapes, 2 AMD
-// EPYC cores, per 121 matmuls of a step: 0.75x the int8 path's time at 512 rows, 0.84x at
-// 2048, but 1.07x at 128 and 1.46x at 64 (unpacking each weight row costs the same
-// whatever the rows), hence 256.
+// by torch's GEMM with the exact fp32 activations: unpacking each weight row costs the
+// same whatever the rows, so it pays only on long chunks; 256 is where it overtook the
+// int8 path on the default model's shapes (docs/kernels.md, "Where the CPU thresholds
+// come from").
 constexpr int64_t kDenseRows = 256, kDenseChunkFloats = int64_t(1) << 20;
 
 // AVX2 has no VNNI, so its int8 dots' cost grows with the rows faster than that of
 // unpacking each weight row to fp32 once into cache-sized scratch and multiplying it by the
 // exact fp32 rows with fmas (avx2::gemm_unpacked), which wins from a dozen rows on (a
-// batched decode step). 2 threads, AMD EPYC Zen 3, two-level int8 path / unpacked, at
-// 8 / 10 / 12 / 13 / 14 / 16 rows: 3072x576 Q4_1 0.75 / 0.85 / 0.94 / 1.03 / 1.11 / 1.22;
-// 576x1536 Q4_1 0.69 / 0.69 / 0.78 / 0.88 / 0.95 / 1.07; 49152x576 Q8_0 0.71 / 0.87 /
-// 1.04 / 1.04 / 1.12 / 1.19; hence 12 (8 when the dots read three levels).
+// batched decode step): 12 against the two-level dots, 8 against three (the measured
+// crossover per shape is in docs/kernels.md, "Where the CPU thresholds come from").
 constexpr int64_t kAvx2UnpackedRows = 12;
 
 // The first row count at which an instruction set's path takes x as exact fp32 instead of
