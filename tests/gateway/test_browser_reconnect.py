@@ -17,7 +17,7 @@ from loadtest.haproxy_process import HaproxyProcess
 
 from test_clients import CHROMIUM, TOOLS, require
 
-SCRIPT = Path(__file__).with_name("browser_reconnect.js")
+SCRIPT = Path(__file__).parent / "js" / "browser_reconnect.js"
 
 
 async def test_browser_page_resumes_after_a_drain(server):

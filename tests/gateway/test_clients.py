@@ -1,7 +1,7 @@
 """Third-party clients against the real server: wscat (npm) and the browser page in Chromium.
 
 scripts/setup_browser.sh installs both (Debian's chromium; wscat and playwright-core from
-tests/gateway/package-lock.json into tests/gateway/node_modules). The browser test writes
+tests/gateway/js/package-lock.json into tests/gateway/js/node_modules). The browser test writes
 its screenshot to a temporary file; TOKENWIRE_UPDATE_SCREENSHOT=1 copies it to
 docs/browser-chat.png (the one the README shows) so ordinary runs leave the tree clean.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = Path(__file__).resolve().parent / "node_modules"
+TOOLS = Path(__file__).resolve().parent / "js" / "node_modules"
 WSCAT = TOOLS / ".bin" / "wscat"
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 SCREENSHOT = REPO / "docs" / "browser-chat.png"
@@ -73,7 +73,7 @@ async def test_browser_page_two_turn_chat(server, base_url, tmp_path):
     # Turns 1 and 2 end at EOS; max_tokens only bounds the long third reply, which must
     # still be streaming when Playwright's click lands (200 tokens ran out first on CI).
     proc = await asyncio.create_subprocess_exec(
-        shutil.which("node") or "node", str(Path(__file__).with_name("browser_chat.js")),
+        shutil.which("node") or "node", str(Path(__file__).parent / "js" / "browser_chat.js"),
         base_url + "/?max_tokens=1000&temperature=0", str(shot),
         env={**os.environ, "CHROMIUM": str(CHROMIUM)},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

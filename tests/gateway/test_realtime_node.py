@@ -14,7 +14,7 @@ from pathlib import Path
 
 from test_clients import TOOLS, require
 
-SCRIPT = Path(__file__).with_name("realtime_node.mjs")
+SCRIPT = Path(__file__).parent / "js" / "realtime_node.mjs"
 
 
 def self_signed(tmp: Path) -> tuple[Path, ssl.SSLContext]:

@@ -1,7 +1,7 @@
 // Drive the browser chat page through a two-turn chat in headless Chromium, screenshot it,
 // then start a third, long reply and end it with the Stop button.
 // Usage: node browser_chat.js URL SCREENSHOT_PATH   (prints a JSON summary on stdout)
-// playwright-core comes from tests/gateway/node_modules; the browser is Debian's chromium.
+// playwright-core comes from tests/gateway/js/node_modules; the browser is Debian's chromium.
 "use strict";
 const fs = require("fs");
 const os = require("os");
