@@ -36,12 +36,12 @@ IMAGE_LIST = REPO / "scripts" / "gpu_image_packages.txt"
 TRAVEL_LIMIT = 64 * 2**20
 # Pinned to the versions the CPU suite passes with; each line says who needs it.
 KIT = {
-    "msgspec": "0.22.0",            # gateway.protocol, gateway.openai_api
+    "msgspec": "0.22.0",            # gateway.params, gateway.ws.frames, gateway.openai
     "pytest-asyncio": "1.5.0",      # async tests (asyncio_mode = "auto" in pyproject)
     "pytest-aiohttp": "1.1.1",      # aiohttp_server fixture (tests/loadtest/conftest.py)
     "xgrammar": "0.2.8",            # engine.grammar (structured outputs), with its
     "apache-tvm-ffi": "0.1.15.post2",  # runtime
-    "redis": "8.1.0",               # gateway.redis_store
+    "redis": "8.1.0",               # gateway.sessions.redis
     "gguf": "0.19.0",               # engine.quant (GGUF blocks; CPU only, imported lazily)
     "websockets": "15.0.1",         # the openai SDK's realtime client (tests)
     "jsonschema": "4.26.0",         # tests/gateway/test_structured_outputs.py, with its needs

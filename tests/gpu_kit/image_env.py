@@ -14,8 +14,8 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
-LOCAL = {"gateway", "scheduler", "engine", "kernels", "loadtest", "tests"}
-SOURCES = ("gateway", "scheduler", "engine", "kernels", "loadtest", "tests", "scripts")
+LOCAL = {"common", "gateway", "scheduler", "engine", "kernels", "loadtest", "tests"}
+SOURCES = ("common", "gateway", "scheduler", "engine", "kernels", "loadtest", "tests", "scripts")
 # pytest plugins the suite needs that no module imports by name.
 PLUGINS = {"pytest-asyncio": "asyncio_mode = auto (pyproject.toml), async tests",
            "pytest-aiohttp": "the aiohttp_server fixture (tests/loadtest/conftest.py)"}
