@@ -6,8 +6,10 @@ load-balancer benchmark.
         lb.servers_up()                 # {"r1": True, ...} from HAProxy's own health checks
         lb.sticky()                     # {session_id: "r2", ...}: the stick table
 
-The shipped file is used as it is: addresses come in through its environment variables,
-and a second file adds only an admin socket (HAProxy merges `global` sections).
+The shipped file is used as it is, with one `server` line per replica appended (as
+deploy/local.sh does) and an admin socket; its other addresses come in through its
+environment variables. HaproxyAdmin alone talks to the admin socket of an HAProxy that
+something else started (deploy/local.sh's).
 """
 from __future__ import annotations
 
@@ -22,50 +24,27 @@ from pathlib import Path
 from loadtest.server_process import free_port, stop_process
 
 CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "haproxy" / "haproxy.cfg"
-NUM_SERVERS = 3  # server lines in the shipped config
 
 
-class HaproxyProcess:
-    """`haproxy -f haproxy.cfg` in front of up to three replicas. With fewer addresses the
-    first is repeated, so every server line names a replica that exists."""
+def render_config(replicas: list[str], admin: Path) -> str:
+    """The shipped config, server r1..rN for `replicas` and an admin socket at `admin`."""
+    servers = "".join(f"    server r{i + 1} {addr}\n" for i, addr in enumerate(replicas))
+    return (f"{CONFIG.read_text()}{servers}"
+            f"\nglobal\n    stats socket {admin} level admin\n")
 
-    def __init__(self, replicas: list[str], ready_timeout_s: float = 60.0):
-        if not 1 <= len(replicas) <= NUM_SERVERS:
-            raise ValueError(f"1 to {NUM_SERVERS} replicas, got {len(replicas)}")
-        self.replicas = replicas + [replicas[0]] * (NUM_SERVERS - len(replicas))
-        self.port = free_port()
-        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/ws"
-        self.http_url = f"http://127.0.0.1:{self.port}"
+
+class HaproxyAdmin:
+    """Server states and the stick table, read from HAProxy's admin socket."""
+
+    def __init__(self, admin: Path, ready_timeout_s: float = 60.0):
+        self.admin = admin
         self.ready_timeout_s = ready_timeout_s
-        self._dir = Path(tempfile.mkdtemp(prefix="tokenwire-haproxy-"))
-        self.admin = self._dir / "admin.sock"
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> "HaproxyProcess":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def start(self) -> "HaproxyProcess":
-        extra = self._dir / "admin.cfg"
-        extra.write_text(f"global\n    stats socket {self.admin} level admin\n")
-        env = {**os.environ, "TOKENWIRE_LB_BIND": f"127.0.0.1:{self.port}"}
-        env.update({f"TOKENWIRE_REPLICA_{i + 1}": addr for i, addr in enumerate(self.replicas)})
-        log = open(self._dir / "haproxy.log", "wb")
-        self.proc = subprocess.Popen(["haproxy", "-db", "-f", str(CONFIG), "-f", str(extra)],
-                                     env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT)
-        log.close()
-        self.wait_up()
-        return self
 
     def wait_up(self, names: set[str] | None = None) -> None:
         """Until HAProxy's health checks see every server (or `names`) up."""
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"haproxy exited:\n{self.log()}")
+            self.check_alive()
             try:
                 up = self.servers_up()
             except OSError:
@@ -75,6 +54,9 @@ class HaproxyProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"haproxy sees {up} after {self.ready_timeout_s}s")
             time.sleep(0.2)
+
+    def check_alive(self) -> None:
+        """Raise if HAProxy is known to have exited; whoever owns the process knows."""
 
     def servers_up(self) -> dict[str, bool]:
         """Server name -> whether HAProxy's checks say UP (DRAIN and MAINT count as not)."""
@@ -108,6 +90,43 @@ class HaproxyProcess:
             while chunk := s.recv(65536):
                 chunks.append(chunk)
         return b"".join(chunks).decode()
+
+
+class HaproxyProcess(HaproxyAdmin):
+    """`haproxy -f haproxy.cfg` in front of `replicas` (server r1, r2, ... in order)."""
+
+    def __init__(self, replicas: list[str], ready_timeout_s: float = 60.0):
+        if not replicas:
+            raise ValueError("no replicas")
+        self._dir = Path(tempfile.mkdtemp(prefix="tokenwire-haproxy-"))
+        super().__init__(self._dir / "admin.sock", ready_timeout_s)
+        self.replicas = replicas
+        self.port = free_port()
+        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/ws"
+        self.http_url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "HaproxyProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "HaproxyProcess":
+        config = self._dir / "haproxy.cfg"
+        config.write_text(render_config(self.replicas, self.admin))
+        env = {**os.environ, "TOKENWIRE_LB_BIND": f"127.0.0.1:{self.port}"}
+        log = open(self._dir / "haproxy.log", "wb")
+        self.proc = subprocess.Popen(["haproxy", "-db", "-f", str(config)],
+                                     env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT)
+        log.close()
+        self.wait_up()
+        return self
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"haproxy exited:\n{self.log()}")
 
     def log(self) -> str:
         path = self._dir / "haproxy.log"
