@@ -4,8 +4,9 @@
 # others serve on; Ctrl-C or SIGTERM drains every replica, then stops HAProxy and Redis.
 #   bash deploy/local.sh [N=3] [extra `tokenwire serve` flags]
 # Environment: TOKENWIRE_LB_PORT (8000; replicas on the ports after it),
-# TOKENWIRE_LB_HOST (0.0.0.0), TOKENWIRE_REDIS_PORT (6379), TOKENWIRE_RUN_DIR (HAProxy's
-# config and admin socket; default a new temporary directory, removed at exit).
+# TOKENWIRE_LB_HOST (0.0.0.0), TOKENWIRE_REDIS_PORT (6379), TOKENWIRE_TLS_CERT (a PEM:
+# HAProxy speaks TLS), TOKENWIRE_RUN_DIR (HAProxy's config and admin socket; default a
+# new temporary directory, removed at exit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-3}; shift || true
@@ -71,7 +72,8 @@ setsid haproxy -db -f "$run/haproxy.cfg" & services+=($!)
 for i in $(seq 1 "$n"); do
   supervise "$i" "$@" & supervisors+=($!)
 done
-echo "tokenwire: ws://127.0.0.1:$lb/v1/ws through HAProxy to $n replicas (models" \
+scheme=ws; [ -z "${TOKENWIRE_TLS_CERT:-}" ] || scheme=wss
+echo "tokenwire: $scheme://127.0.0.1:$lb/v1/ws through HAProxy to $n replicas (models" \
   "loading); HAProxy's admin socket: $run/admin.sock"
 # A signal, or the end of Redis or HAProxy (the cluster cannot serve without either),
 # ends this wait.

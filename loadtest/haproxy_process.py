@@ -2,7 +2,7 @@
 load-balancer benchmark.
 
     with HaproxyProcess(["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"]) as lb:
-        lb.ws_url                       # ws://127.0.0.1:PORT/v1/ws
+        lb.ws_url                       # ws://127.0.0.1:PORT/v1/ws (wss:// with tls_cert)
         lb.servers_up()                 # {"r1": True, ...} from HAProxy's own health checks
         lb.sticky()                     # {session_id: "r2", ...}: the stick table
 
@@ -93,17 +93,21 @@ class HaproxyAdmin:
 
 
 class HaproxyProcess(HaproxyAdmin):
-    """`haproxy -f haproxy.cfg` in front of `replicas` (server r1, r2, ... in order)."""
+    """`haproxy -f haproxy.cfg` in front of `replicas` (server r1, r2, ... in order);
+    with `tls_cert` (a PEM with the certificate and its key) it speaks TLS only."""
 
-    def __init__(self, replicas: list[str], ready_timeout_s: float = 60.0):
+    def __init__(self, replicas: list[str], ready_timeout_s: float = 60.0,
+                 tls_cert: Path | None = None):
         if not replicas:
             raise ValueError("no replicas")
         self._dir = Path(tempfile.mkdtemp(prefix="tokenwire-haproxy-"))
         super().__init__(self._dir / "admin.sock", ready_timeout_s)
         self.replicas = replicas
+        self.tls_cert = tls_cert
         self.port = free_port()
-        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/ws"
-        self.http_url = f"http://127.0.0.1:{self.port}"
+        scheme = "s" if tls_cert else ""
+        self.ws_url = f"ws{scheme}://127.0.0.1:{self.port}/v1/ws"
+        self.http_url = f"http{scheme}://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "HaproxyProcess":
@@ -116,6 +120,9 @@ class HaproxyProcess(HaproxyAdmin):
         config = self._dir / "haproxy.cfg"
         config.write_text(render_config(self.replicas, self.admin))
         env = {**os.environ, "TOKENWIRE_LB_BIND": f"127.0.0.1:{self.port}"}
+        env.pop("TOKENWIRE_TLS_CERT", None)
+        if self.tls_cert:
+            env["TOKENWIRE_TLS_CERT"] = str(self.tls_cert)
         log = open(self._dir / "haproxy.log", "wb")
         self.proc = subprocess.Popen(["haproxy", "-db", "-f", str(config)],
                                      env=env, stdin=subprocess.DEVNULL, stdout=log,

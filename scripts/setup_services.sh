@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Services the tests start on free loopback ports: Debian's redis-server (the shared
-# session store) and haproxy (the load balancer in front of replicas). Idempotent: with
-# both in place it does nothing.
+# session store) and haproxy (the load balancer in front of replicas), and openssl, which
+# makes the certificate for the balancer's TLS test. Idempotent: with all in place it
+# does nothing.
 set -euo pipefail
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 . "$(dirname "$0")/apt_install.sh"

@@ -5,7 +5,9 @@ three up and seen up by HAProxy when it ends.
 """
 from __future__ import annotations
 
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +56,19 @@ def cluster(tmp_path_factory):
         for replica in replicas:
             replica.stop()
         redis.stop()
+
+
+@pytest.fixture(scope="package")
+def tls_pem(tmp_path_factory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (openssl, as on every Debian box):
+    (the PEM HAProxy loads, certificate and key; the certificate alone, for clients)."""
+    tmp = tmp_path_factory.mktemp("tls")
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec",
+                    "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    pem = tmp / "haproxy.pem"
+    pem.write_text(cert.read_text() + key.read_text())
+    return pem, cert

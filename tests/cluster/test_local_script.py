@@ -56,6 +56,7 @@ class LocalCluster(HaproxyAdmin):
                "TOKENWIRE_REDIS_PORT": str(free_port()),
                "TOKENWIRE_RUN_DIR": str(run_dir),
                "TOKENWIRE": str(Path(sys.executable).with_name("tokenwire"))}
+        env.pop("TOKENWIRE_TLS_CERT", None)
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 ["bash", "deploy/local.sh", str(NUM_REPLICAS), *serve_args], cwd=REPO,
