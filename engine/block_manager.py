@@ -2,26 +2,60 @@
 
     request.all_token_ids:  [ t0 .. t15 | t16 .. t31 | t32 .. t37 ]
     block_size = 16           block A      block B      block C (partial, never shared)
-    hash(A) = H(None, t0..t15);  hash(B) = H(hash(A), t16..t31)
+    hash(A) = H(None, t0..t15);  hash(B) = H(hash(A), t16..t31);  H = hash_block_tokens
 
 A full block is registered under its chained hash; a later request with the same prefix
-finds it (after checking the tokens, since hashes can collide). A freed block keeps its
-hash and stays findable at the tail of the free queue until it is reused (LRU).
+finds it, after checking the block's parent hash and tokens, so that a collision costs a
+miss and never serves another prefix's KV. A freed block keeps its hash and stays
+findable at the tail of the free queue until it is reused (LRU).
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import struct
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.request import Request
+
+_ROOT_PARENT = bytes(32)  # stands for the missing parent of a prompt's first block
+
+
+def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
+    """The prefix-cache key of a full block: SHA-256 over its parent block's hash (None
+    for a prompt's first block) and its token ids, so it names the whole prefix.
+
+    Collision-resistant, so that no client can craft tokens whose block lands on the key
+    of another client's cached KV. The same bytes in every process, Python version and
+    host (no PYTHONHASHSEED, a fixed byte order), so that a tier outside this process
+    can key blocks by it. The parent takes a fixed 32 bytes and each token a
+    little-endian int32: every vocabulary fits in one, it hashes half the bytes of
+    int64, and packing raises on an id that does not fit rather than wrapping it, so two
+    different (parent, chunk) pairs never hash the same bytes.
+    """
+    packed = _int32_packer(len(token_ids)).pack(*token_ids)
+    return hashlib.sha256((parent_hash or _ROOT_PARENT) + packed).digest()
+
+
+@functools.cache
+def _int32_packer(num_tokens: int) -> struct.Struct:
+    return struct.Struct(f"<{num_tokens}i")
 
 
 @dataclass(eq=False, slots=True)
 class Block:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None
+    block_hash: bytes | None = None
+    parent_hash: bytes | None = None
     token_ids: tuple[int, ...] | None = None
+
+    def holds(self, parent_hash: bytes | None, token_ids: tuple[int, ...]) -> bool:
+        """Whether this block's KV is that of `token_ids` after the prefix `parent_hash`
+        names: a hit is checked, not trusted, in case two keys collide."""
+        return self.token_ids == token_ids and self.parent_hash == parent_hash
 
 
 class BlockManager:
@@ -32,7 +66,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.hash_to_block: dict[int, int] = {}
+        self.hash_to_block: dict[bytes, int] = {}
         self.cache_queries = 0  # prompt tokens looked up in the prefix cache, once a request
         self.cache_hits = 0  # of those, tokens found
         self.fork_shared_tokens = 0  # prompt tokens samples took from their parent's blocks
@@ -58,14 +92,15 @@ class BlockManager:
             return []
         tokens = request.all_token_ids
         max_blocks = (len(tokens) - 1) // self.block_size
-        found, prev_hash = [], None
+        found, parent_hash = [], None
         for index in range(max_blocks):
             chunk = tuple(tokens[index * self.block_size:(index + 1) * self.block_size])
-            prev_hash = hash((prev_hash, chunk))
-            block_id = self.hash_to_block.get(prev_hash)
-            if block_id is None or self.blocks[block_id].token_ids != chunk:
+            block_hash = hash_block_tokens(parent_hash, chunk)
+            block_id = self.hash_to_block.get(block_hash)
+            if block_id is None or not self.blocks[block_id].holds(parent_hash, chunk):
                 break
             found.append(block_id)
+            parent_hash = block_hash
         return found
 
     def cache_full_blocks(self, request: Request) -> None:
@@ -76,12 +111,13 @@ class BlockManager:
         tokens = request.all_token_ids
         for index in range(len(request.block_hashes), num_full):
             chunk = tuple(tokens[index * self.block_size:(index + 1) * self.block_size])
-            prev_hash = request.block_hashes[-1] if request.block_hashes else None
-            block_hash = hash((prev_hash, chunk))
+            parent_hash = request.block_hashes[-1] if request.block_hashes else None
+            block_hash = hash_block_tokens(parent_hash, chunk)
             request.block_hashes.append(block_hash)
             block = self.blocks[request.block_ids[index]]
             if block.block_hash is None and block_hash not in self.hash_to_block:
-                block.block_hash, block.token_ids = block_hash, chunk
+                block.block_hash, block.parent_hash = block_hash, parent_hash
+                block.token_ids = chunk
                 self.hash_to_block[block_hash] = block.block_id
 
     # -- allocation -----------------------------------------------------------------
@@ -151,4 +187,4 @@ class BlockManager:
         if block.block_hash is not None:
             if self.hash_to_block.get(block.block_hash) == block.block_id:
                 del self.hash_to_block[block.block_hash]
-            block.block_hash, block.token_ids = None, None
+            block.block_hash, block.parent_hash, block.token_ids = None, None, None

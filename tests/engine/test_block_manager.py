@@ -1,9 +1,13 @@
 """BlockManager and StepScheduler unit tests: no model, just block bookkeeping."""
-from engine.block_manager import BlockManager
+import hashlib
+import struct
+
+from engine.block_manager import BlockManager, hash_block_tokens
 from engine.outputs import SampledToken
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.step_scheduler import StepScheduler
+from tests.engine.conftest import forge_keys
 
 
 def make(tokens, rid="r"):
@@ -153,3 +157,49 @@ def test_an_aborted_waiting_sample_leaves_no_trace():
     assert len(sched.forks) == 0
     sched.finish(parent, "cancelled")
     assert not sched.has_work() and bm.num_free_blocks == 8
+
+
+def test_block_hash_is_sha256_of_the_parent_and_int32_tokens():
+    # fixed bytes, not Python's hash(): a tier outside this process can key blocks by it
+    first = hash_block_tokens(None, [1, 2, 3, 4])
+    assert first == hashlib.sha256(bytes(32) + struct.pack("<4i", 1, 2, 3, 4)).digest()
+    second = hash_block_tokens(first, (5, 6, 7, 8))
+    assert second == hashlib.sha256(first + struct.pack("<4i", 5, 6, 7, 8)).digest()
+
+
+def test_a_key_shared_by_two_chunks_is_a_miss(monkeypatch):
+    forge_keys(monkeypatch, lambda real, parent, token_ids: real(parent, ()))
+    bm = BlockManager(num_blocks=8, block_size=4)
+    sched = StepScheduler(bm, max_num_seqs=4, token_budget=64)
+    a, b = make(range(9), "a"), make(range(100, 109), "b")
+    sched.add(a)
+    run_step(sched, bm)  # registers a's two full blocks
+    sched.add(b)
+    run_step(sched, bm)
+    assert b.block_hashes == a.block_hashes[:2]  # the keys collide
+    assert b.num_cached_tokens == 0 and bm.cache_hits == 0
+    assert not set(a.block_ids) & set(b.block_ids)  # b computes its own KV
+    for r in (a, b):
+        sched.finish(r, "length")
+    assert bm.num_free_blocks == 8
+
+
+def test_a_key_shared_by_two_prefixes_is_a_miss(monkeypatch):
+    # the same chunk [4..7] after two different first blocks gets one key
+    forge_keys(monkeypatch, lambda real, parent, token_ids: real(None, token_ids))
+    bm = BlockManager(num_blocks=12, block_size=4)
+    sched = StepScheduler(bm, max_num_seqs=4, token_budget=64)
+    c = make([50, 51, 52, 53, 4, 5, 6, 7, 9], "c")
+    a = make([0, 1, 2, 3, 20, 21, 22, 23, 9], "a")
+    for r in (c, a):
+        sched.add(r)
+    run_step(sched, bm)
+    b = make([0, 1, 2, 3, 4, 5, 6, 7, 9], "b")
+    sched.add(b)
+    run_step(sched, bm)
+    assert b.block_hashes[1] == c.block_hashes[1]  # the keys collide
+    assert b.num_cached_tokens == 4 and b.block_ids[0] == a.block_ids[0]
+    assert b.block_ids[1] not in c.block_ids  # b computes its own second block
+    for r in (a, b, c):
+        sched.finish(r, "length")
+    assert bm.num_free_blocks == 12

@@ -1,9 +1,11 @@
 """Prefix cache, preemption, block accounting and bad input on the real default model."""
+import random
+
 import pytest
 
 from engine import LLM, InvalidRequestError, PromptTooLongError, SamplingParams
 from engine.errors import ModelLoadError
-from tests.engine.conftest import assert_all_blocks_free
+from tests.engine.conftest import assert_all_blocks_free, forge_keys
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
 LONG_PREFIX = ("You are a meticulous assistant. Answer briefly and cite the rule you used. "
@@ -20,6 +22,26 @@ def test_prefix_cache_hit_reports_cached_tokens_and_same_output(llm):
     again = uncached.generate([LONG_PREFIX + "Q: Name a color."], GREEDY)[0]
     assert again.num_cached_tokens == 0
     assert again.token_ids == second.token_ids
+    assert_all_blocks_free(llm.core)
+
+
+@pytest.mark.parametrize("forgery", ["chunk", "prefix"])
+def test_a_forged_key_collision_serves_the_prompts_own_kv(llm, monkeypatch, forgery):
+    block = llm.core.config.block_size
+    rng = random.Random(forgery)  # chunks unseen by the prefix cache of earlier tests
+    w, x, y, z = ([rng.randrange(100, 40000) for _ in range(block)] for _ in range(4))
+    probe = x + y + [7, 8, 9]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    want = llm.generate([probe], params)[0].token_ids
+    if forgery == "chunk":  # every chunk at one depth gets one key: w's is x's
+        forge_keys(monkeypatch, lambda real, parent, token_ids: real(parent, ()))
+        earlier, cached = [w + z + [7, 8, 9]], 0
+    else:  # a chunk gets one key whatever precedes it: y's after w is y's after x
+        forge_keys(monkeypatch, lambda real, parent, token_ids: real(None, token_ids))
+        earlier, cached = [w + y + [7, 8, 9], x + z + [7, 8, 9]], block
+    llm.generate(earlier, params)
+    got = llm.generate([probe], params)[0]
+    assert (got.token_ids, got.num_cached_tokens) == (want, cached)
     assert_all_blocks_free(llm.core)
 
 
