@@ -1,20 +1,26 @@
 """make_session_store: the store a SessionStoreConfig's URL names."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
-from gateway.sessions.store import MemorySessionStore
 from gateway.sessions.sqlite import SqliteSessionStore
-from gateway.sessions.store import Clock, SessionStore, SessionStoreConfig
+from gateway.sessions.store import (
+    Clock,
+    MemorySessionStore,
+    SessionStore,
+    SessionStoreConfig,
+)
 
 
 def make_session_store(config: SessionStoreConfig, *, clock: Clock = time.time) -> SessionStore:
     """The store `config.url` names."""
-    limits = (config.ttl_s, config.max_sessions, config.max_bytes_per_session)
-    if config.url.startswith("sqlite://"):
-        return SqliteSessionStore(config.sqlite_path, *limits, clock=clock)
     if config.url.startswith(("redis://", "rediss://")):
-        from gateway.sessions.redis import RedisSessionStore  # imports redis: only when used
+        from gateway.sessions.redis import RedisSessionStore  # imports redis: when used
 
         return RedisSessionStore(config, clock=clock)
-    return MemorySessionStore(*limits, clock=clock)
+    limits = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+              if f.name != "url"}
+    if config.url.startswith("sqlite://"):
+        return SqliteSessionStore(config.sqlite_path, clock=clock, **limits)
+    return MemorySessionStore(clock=clock, **limits)

@@ -2,11 +2,18 @@
 
     tokenwire:session:<id>   hash {version, updated_at, body}, expires ttl_s after its save
     tokenwire:sessions       sorted set <id> -> updated_at: the eviction and expiry order
+    tokenwire:owner:<key>    sorted set <id> -> updated_at: one key's sessions, same order
+    tokenwire:session_owner  hash <id> -> its key (sha256 of the API key, or "none")
+    tokenwire:session_bytes  hash <id> -> the size of its body
+    tokenwire:owner_bytes    hash <key> -> the sizes of the key's sessions, summed
 
 A save is one Lua script, so Redis runs it atomically: the compare-and-set on `version`
-(the rule of SessionStore), the write, the key's expiry, then the purge of expired ids
-and the eviction of the least recently saved beyond max_sessions. Expiry is judged by
-the store's clock on load, as SQLite does, and Redis also expires the key by itself.
+(the rule of SessionStore), the write, the key's expiry, then the purge of expired ids,
+the eviction of the saving key's own least recently saved beyond its quotas, and of
+anyone's least recently saved beyond max_sessions. A delete is one script too, so the
+indexes and sums never disagree with the sessions. Expiry is judged by the store's clock
+on load, as SQLite does, and Redis also expires the session's key by itself (its index
+entries go with the purge).
 
 Every call is bounded by `timeout_s` (connect, command, and the wait for a pooled
 connection); a call that fails or times out raises SessionStoreUnavailableError and is
@@ -17,6 +24,7 @@ call, so the store recovers by itself when Redis is back.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import redis.asyncio as aioredis
@@ -32,35 +40,67 @@ from gateway.sessions.store import (
     SessionStoreUnavailableError,
     decode_record,
     encode_record,
+    owner_key,
 )
 
+log = logging.getLogger(__name__)
 PREFIX = "tokenwire:"
-# KEYS: session key, index. ARGV: expected version, body, now, ttl_s, max_sessions, id,
-# key prefix. Returns {1, new version} or {0, stored version}. At most PURGE_BATCH
-# expired ids are purged per save, so one save never does unbounded work.
-_SAVE = """
-local stored = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
-local expected = tonumber(ARGV[1])
-if stored > expected then return {0, stored} end
-local now, ttl, id = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
-redis.call('HSET', KEYS[1], 'version', expected + 1, 'updated_at', ARGV[3], 'body', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], math.ceil(ttl * 1000))
-redis.call('ZADD', KEYS[2], now, id)
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - ttl), 'LIMIT', 0, 100)
-for _, old in ipairs(expired) do
-  redis.call('DEL', ARGV[7] .. old)
-  redis.call('ZREM', KEYS[2], old)
+# KEYS: index, session_owner, session_bytes, owner_bytes.
+# ARGV[1], ARGV[2]: the session and owner key prefixes; the scripts' own ARGV follow.
+# `forget` removes one session and its entries everywhere (the owner unknown for a
+# session saved before owners were indexed: it counts towards no key).
+_FORGET = """
+local index, owners, sizes, totals = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local sessions, owned = ARGV[1], ARGV[2]
+local function forget(id)
+  local key = redis.call('HGET', owners, id)
+  if key then
+    redis.call('ZREM', owned .. key, id)
+    redis.call('HINCRBY', totals, key, -tonumber(redis.call('HGET', sizes, id) or '0'))
+  end
+  redis.call('DEL', sessions .. id)
+  redis.call('ZREM', index, id)
+  redis.call('HDEL', owners, id)
+  redis.call('HDEL', sizes, id)
 end
-local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[5])
-if excess > 0 then
-  for _, old in ipairs(redis.call('ZRANGE', KEYS[2], 0, excess)) do
-    if excess > 0 and old ~= id then
-      redis.call('DEL', ARGV[7] .. old)
-      redis.call('ZREM', KEYS[2], old)
-      excess = excess - 1
-    end
+"""
+_DELETE = _FORGET + "forget(ARGV[3])\n"
+# ARGV[3..]: id, expected version, body, now, ttl_s, owner key, max_sessions,
+# max_sessions_per_key, max_bytes_per_key ("none": off). Returns {1, new version} or
+# {0, stored version}. At most 100 expired ids are purged per save, so one save never
+# does unbounded work.
+_SAVE = _FORGET + """
+local id, expected, body = ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local now, ttl, key = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local max_sessions, max_count, max_bytes = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local stored = tonumber(redis.call('HGET', sessions .. id, 'version') or '0')
+if stored > expected then return {0, stored} end
+forget(id)
+redis.call('HSET', sessions .. id, 'version', expected + 1, 'updated_at', ARGV[6], 'body', body)
+redis.call('PEXPIRE', sessions .. id, math.ceil(ttl * 1000))
+redis.call('ZADD', index, now, id)
+redis.call('ZADD', owned .. key, now, id)
+redis.call('HSET', owners, id, key)
+redis.call('HSET', sizes, id, #body)
+redis.call('HINCRBY', totals, key, #body)
+for _, old in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', '(' .. (now - ttl), 'LIMIT', 0, 100)) do
+  forget(old)
+end
+-- the least recently saved of `order` other than this session, while `over()`
+local function evict(order, over)
+  while over() do
+    local oldest = redis.call('ZRANGE', order, 0, 1)
+    local victim = oldest[1] ~= id and oldest[1] or oldest[2]
+    if not victim then return end
+    forget(victim)
   end
 end
+local mine = owned .. key
+evict(mine, function()
+  return (max_count and redis.call('ZCARD', mine) > max_count)
+    or (max_bytes and tonumber(redis.call('HGET', totals, key)) > max_bytes)
+end)
+evict(index, function() return redis.call('ZCARD', index) > max_sessions end)
 return {1, expected + 1}
 """
 
@@ -77,8 +117,13 @@ class RedisSessionStore:
             retry=Retry(NoBackoff(), 0), decode_responses=True)
         self._redis = aioredis.Redis(connection_pool=pool)
         self._save_script = self._redis.register_script(_SAVE)
+        self._delete_script = self._redis.register_script(_DELETE)
         self._session_prefix = PREFIX + "session:"
         self._index = PREFIX + "sessions"
+        self._keys = [self._index, PREFIX + "session_owner", PREFIX + "session_bytes",
+                      PREFIX + "owner_bytes"]
+        self._prefixes = [self._session_prefix, PREFIX + "owner:"]
+        self.healthy = True  # False while the last call failed and no later one succeeded
 
     async def load(self, session_id: str) -> SessionRecord | None:
         key = self._session_prefix + session_id
@@ -92,24 +137,27 @@ class RedisSessionStore:
         return decode_record(session_id, body, float(updated_at), int(version))
 
     async def save(self, record: SessionRecord) -> None:
-        body = encode_record(record, self.config.max_bytes_per_session)
-        now = self._clock()
+        body, _ = encode_record(record, self.config.max_bytes_per_session)
+        now, config = self._clock(), self.config
         saved, version = await self._call(self._save_script(
-            keys=[self._session_prefix + record.session_id, self._index],
-            args=[record.version, body, repr(now), self.config.ttl_s,
-                  self.config.max_sessions, record.session_id, self._session_prefix]))
+            keys=self._keys, args=[
+                *self._prefixes, record.session_id, record.version, body, repr(now),
+                config.ttl_s, owner_key(record.owner), config.max_sessions,
+                _limit(config.max_sessions_per_key), _limit(config.max_bytes_per_key)]))
         if not saved:
             raise SessionConflictError(record.session_id, record.version, int(version))
         record.updated_at, record.version = now, int(version)
 
     async def delete(self, session_id: str) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self._session_prefix + session_id).zrem(self._index, session_id)
-            await self._call(pipe.execute())
+        await self._call(self._delete_script(keys=self._keys,
+                                             args=[*self._prefixes, session_id]))
 
     async def count(self) -> int:
         """Number of indexed sessions, expired ones included until they are purged."""
         return await self._call(self._redis.zcard(self._index))
+
+    async def probe(self) -> None:
+        await self._call(self._redis.ping())
 
     async def close(self) -> None:
         await self._redis.aclose()
@@ -119,7 +167,18 @@ class RedisSessionStore:
         """Await one Redis call within timeout_s; any failure is 'unavailable'."""
         try:
             async with asyncio.timeout(self.config.timeout_s):
-                return await awaitable
+                result = await awaitable
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            if self.healthy:
+                log.warning("session store failed: %s", exc)
+            self.healthy = False
             raise SessionStoreUnavailableError(
                 self.config.retry_after_ms, f"{type(exc).__name__}: {exc}") from exc
+        if not self.healthy:
+            log.info("session store is back")
+        self.healthy = True
+        return result
+
+
+def _limit(quota: int | None) -> int | str:
+    return "none" if quota is None else quota

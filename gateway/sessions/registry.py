@@ -12,6 +12,10 @@ resuming the same id see one history and one active turn:
 
 Saves of one session run one at a time, each a compare-and-set on the stored version,
 so a stale copy (another process's, say) can never overwrite newer turns.
+
+`healthy` is False while the store's last call failed: /ready then answers 503. Asking
+starts one probe of the store, so a replica taken out of rotation (no client calls its
+store any more) still sees the store come back.
 """
 from __future__ import annotations
 
@@ -43,9 +47,27 @@ class SessionRegistry:
         self.store = store
         self._live: dict[str, LiveSession] = {}
         self._loading: dict[str, asyncio.Future[LiveSession | None]] = {}
+        self._probe: asyncio.Future | None = None
 
     def __len__(self) -> int:
         return len(self._live)
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the store's last call succeeded; when not, one probe of the store is
+        started (none while one is under way), whose answer the next ask sees."""
+        healthy = self.store.healthy
+        if not healthy and self._probe is None:
+            self._probe = asyncio.ensure_future(self._probe_store())
+        return healthy
+
+    async def _probe_store(self) -> None:
+        try:
+            await self.store.probe()
+        except (SessionStoreUnavailableError, RuntimeError):  # still down, or closed
+            pass
+        finally:
+            self._probe = None
 
     async def attach(self, session_id: str | None, owner: str | None) -> tuple[LiveSession, bool]:
         """The session to use and whether it was resumed. An unknown id, or one that

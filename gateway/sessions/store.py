@@ -9,11 +9,20 @@ built by gateway/sessions/factory.py):
     redis://HOST:PORT/DB    RedisSessionStore (redis.py), shared by replicas
 
 All of them enforce the same limits: a TTL after the last save, a byte cap per session
-(`SessionTooLargeError`) and a cap on the number of sessions (the least recently saved
-are evicted first), and the same rule for concurrent writers: every save carries the
-version it was loaded at, and a save never replaces a newer version
-(`SessionConflictError`). A store that cannot be reached raises
-`SessionStoreUnavailableError` within its timeout.
+(`SessionTooLargeError`), per-key quotas and a global cap on the number of sessions, and
+the same rule for concurrent writers: every save carries the version it was loaded at,
+and a save never replaces a newer version (`SessionConflictError`). A store that cannot
+be reached or used (Redis down, a corrupt or full SQLite file) raises
+`SessionStoreUnavailableError` within its timeout, and says so in `healthy` until a later
+call succeeds.
+
+Eviction, after each save, in this order (sessions without an owner, i.e. without auth,
+count as one key):
+
+    the saving key over max_sessions_per_key or max_bytes_per_key
+        -> its own least recently saved sessions go (never another key's)
+    all sessions over max_sessions
+        -> the least recently saved go, whoever owns them
 """
 from __future__ import annotations
 
@@ -21,7 +30,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from common.errors import ConfigError
 from common.settings import setting
@@ -102,10 +111,24 @@ class SessionStore(Protocol):
 
     async def close(self) -> None: ...
 
+    @property
+    def healthy(self) -> bool:
+        """False while the last call failed as unavailable and no later call succeeded."""
+        ...
+
+    async def probe(self) -> None:
+        """One cheap call that updates `healthy` (raises SessionStoreUnavailableError)."""
+        ...
+
 
 DEFAULT_TTL_S = 7 * 24 * 3600.0
 DEFAULT_MAX_SESSIONS = 10_000
 DEFAULT_MAX_BYTES = 1 << 20
+# One key may hold a tenth of the sessions and a quarter GiB (a quarter of the sessions
+# at the byte cap each), so one busy key never fills the store for the others.
+DEFAULT_MAX_SESSIONS_PER_KEY = 1_000
+DEFAULT_MAX_BYTES_PER_KEY = 256 << 20
+NO_OWNER = "none"  # the key of sessions made without auth (owners are sha256 hex)
 
 
 SCHEMES = ("memory:", "sqlite://", "redis://", "rediss://")
@@ -127,13 +150,20 @@ class SessionStoreConfig:
     max_bytes_per_session: int = setting(DEFAULT_MAX_BYTES, "largest serialized session; a "
                                          "turn beyond it answers too_large",
                                          flag="--max-session-bytes")
-    timeout_s: float = setting(1.0, "seconds one Redis call (connect, command, pool) may "
-                               "take; beyond it chat turns answer store_unavailable",
+    timeout_s: float = setting(1.0, "seconds one store call may take (Redis: connect, "
+                               "command, pool; SQLite: waiting on another process's lock); "
+                               "beyond it chat turns answer store_unavailable",
                                flag="--session-store-timeout")
     retry_after_ms: int = setting(1000, "retry_after_ms sent with store_unavailable",
                                   flag="--session-store-retry-after")
     max_connections: int = setting(64, "Redis connections per process; more callers wait",
                                    flag="--session-store-connections")
+    max_sessions_per_key: int | None = setting(
+        DEFAULT_MAX_SESSIONS_PER_KEY, "sessions one API key keeps (all sessions, without "
+        "auth); beyond it that key's least recently saved go, never another key's")
+    max_bytes_per_key: int | None = setting(
+        DEFAULT_MAX_BYTES_PER_KEY, "serialized bytes of one API key's sessions (all "
+        "sessions, without auth); beyond it that key's least recently saved go")
 
     def __post_init__(self) -> None:
         bare = self.url.rstrip("/") in ("sqlite:", "redis:", "rediss:")  # no path or host
@@ -149,9 +179,15 @@ class SessionStoreConfig:
                               f"must be >= 64, got {self.max_bytes_per_session}")
         if not self.timeout_s > 0:
             raise ConfigError("timeout_s", f"must be > 0, got {self.timeout_s}")
-        for name in ("retry_after_ms", "max_connections"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("retry_after_ms", "max_connections", "max_sessions_per_key"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(name, f"must be >= 1, got {value}")
+        if self.max_bytes_per_key is not None and \
+                self.max_bytes_per_key < self.max_bytes_per_session:
+            raise ConfigError("max_bytes_per_key", f"must be >= max_bytes_per_session "
+                              f"({self.max_bytes_per_session}) or none, got "
+                              f"{self.max_bytes_per_key}")
 
     @property
     def sqlite_path(self) -> str:
@@ -160,8 +196,9 @@ class SessionStoreConfig:
         return self.url.removeprefix("sqlite://")
 
 
-def encode_record(record: SessionRecord, limit: int) -> str:
-    """The record's body as compact JSON, checked against the per-session byte cap."""
+def encode_record(record: SessionRecord, limit: int) -> tuple[str, int]:
+    """The record's body as compact JSON and its size in bytes (UTF-8), checked against
+    the per-session byte cap; the size is what counts towards max_bytes_per_key."""
     body = json.dumps(
         {"owner": record.owner, "system": record.system, "params": record.params,
          "messages": record.messages},
@@ -170,7 +207,12 @@ def encode_record(record: SessionRecord, limit: int) -> str:
     size = len(body.encode("utf-8"))
     if size > limit:
         raise SessionTooLargeError(record.session_id, size, limit)
-    return body
+    return body, size
+
+
+def owner_key(owner: str | None) -> str:
+    """What the per-key quotas group sessions by: the owner, NO_OWNER without auth."""
+    return NO_OWNER if owner is None else owner
 
 
 def decode_record(session_id: str, body: str, updated_at: float, version: int) -> SessionRecord:
@@ -179,42 +221,77 @@ def decode_record(session_id: str, body: str, updated_at: float, version: int) -
                          data["messages"], updated_at, version)
 
 
+class _Row(NamedTuple):
+    updated_at: float
+    version: int
+    body: str
+    owner: str  # owner_key(record.owner)
+    size: int
+
+
 class MemorySessionStore:
     """Sessions in a dict, stored as JSON so callers never share mutable state with it."""
 
-    def __init__(self, ttl_s: float = DEFAULT_TTL_S,
-                 max_sessions: int = DEFAULT_MAX_SESSIONS,
-                 max_bytes_per_session: int = DEFAULT_MAX_BYTES,
-                 *, clock: Clock = time.time):
-        self.config = SessionStoreConfig("memory:", ttl_s, max_sessions, max_bytes_per_session)
+    healthy = True  # nothing here can fail
+
+    def __init__(self, *, clock: Clock = time.time, **limits):
+        self.config = SessionStoreConfig("memory:", **limits)
         self._clock = clock
-        self._rows: dict[str, tuple[float, int, str]] = {}  # id -> (updated_at, version, body)
+        self._rows: dict[str, _Row] = {}  # in save order: the least recently saved first
+        self._owned: dict[str, dict[str, None]] = {}  # owner key -> its ids in save order
+        self._owned_bytes: dict[str, int] = {}
 
     async def load(self, session_id: str) -> SessionRecord | None:
         row = self._rows.get(session_id)
         if row is None:
             return None
-        if row[0] < self._clock() - self.config.ttl_s:
-            del self._rows[session_id]
+        if row.updated_at < self._clock() - self.config.ttl_s:
+            self._forget(session_id)
             return None
-        return decode_record(session_id, row[2], row[0], row[1])
+        return decode_record(session_id, row.body, row.updated_at, row.version)
 
     async def save(self, record: SessionRecord) -> None:
-        body = encode_record(record, self.config.max_bytes_per_session)
+        body, size = encode_record(record, self.config.max_bytes_per_session)
         row = self._rows.get(record.session_id)
-        if row is not None and row[1] > record.version:
-            raise SessionConflictError(record.session_id, record.version, row[1])
-        self._rows.pop(record.session_id, None)  # re-insert: dict order = save order
+        if row is not None and row.version > record.version:
+            raise SessionConflictError(record.session_id, record.version, row.version)
+        self._forget(record.session_id)  # re-inserted last: dict order = save order
+        owner = owner_key(record.owner)
         record.updated_at, record.version = self._clock(), record.version + 1
-        self._rows[record.session_id] = (record.updated_at, record.version, body)
+        self._rows[record.session_id] = _Row(record.updated_at, record.version, body,
+                                             owner, size)
+        self._owned.setdefault(owner, {})[record.session_id] = None
+        self._owned_bytes[owner] = self._owned_bytes.get(owner, 0) + size
+        while self._over_quota(owner):  # the one just saved is the key's newest
+            self._forget(next(iter(self._owned[owner])))
         while len(self._rows) > self.config.max_sessions:
-            del self._rows[next(iter(self._rows))]
+            self._forget(next(iter(self._rows)))
 
     async def delete(self, session_id: str) -> None:
-        self._rows.pop(session_id, None)
+        self._forget(session_id)
+
+    async def probe(self) -> None:
+        pass
 
     async def close(self) -> None:
         self._rows.clear()
+        self._owned.clear()
+        self._owned_bytes.clear()
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    def _over_quota(self, owner: str) -> bool:
+        max_count, max_bytes = self.config.max_sessions_per_key, self.config.max_bytes_per_key
+        return (max_count is not None and len(self._owned[owner]) > max_count) or \
+            (max_bytes is not None and self._owned_bytes[owner] > max_bytes)
+
+    def _forget(self, session_id: str) -> None:
+        row = self._rows.pop(session_id, None)
+        if row is None:
+            return
+        owned = self._owned[row.owner]
+        del owned[session_id]
+        self._owned_bytes[row.owner] -= row.size
+        if not owned:
+            del self._owned[row.owner], self._owned_bytes[row.owner]

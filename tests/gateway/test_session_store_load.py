@@ -60,7 +60,10 @@ async def _workload(url: str) -> dict:
     """Runs on the server's loop: each session saved then loaded back, sessions starting
     at RATE per second (open loop: a closed loop at full speed would saturate any loop)."""
     # A long timeout: this measures latency; a box stalled for a second is not an outage.
-    store = RedisSessionStore(SessionStoreConfig(url, max_sessions=SESSIONS, timeout_s=10.0))
+    # Every session has no owner (one key): the per-key quotas are off, as without auth.
+    store = RedisSessionStore(SessionStoreConfig(url, max_sessions=SESSIONS, timeout_s=10.0,
+                                                 max_sessions_per_key=None,
+                                                 max_bytes_per_key=None))
     stop, lags = asyncio.Event(), []
     probe = asyncio.create_task(_lag_probe(stop, lags))
     saves, loads, mismatched = [], [], 0

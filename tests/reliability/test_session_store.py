@@ -1,24 +1,30 @@
 """Session stores (memory, SQLite, Redis on a real redis-server): roundtrip, persistence
-across reopen, TTL, size cap, eviction, versioned saves, threading."""
+across reopen, TTL, size cap, eviction, per-key quotas, versioned saves, threading, the
+SQLite file's mode."""
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 import sqlite3
+import stat
 import threading
 
 import pytest
 from services import RedisServer
 
+from gateway.cli import serve
 from gateway.sessions.factory import make_session_store
-from gateway.sessions.store import MemorySessionStore
-from gateway.sessions.redis import RedisSessionStore
+from gateway.sessions.redis import PREFIX, RedisSessionStore
 from gateway.sessions.sqlite import SqliteSessionStore
 from gateway.sessions.store import (
+    MemorySessionStore,
     SessionConflictError,
     SessionRecord,
     SessionStoreConfig,
     SessionStoreUnavailableError,
     SessionTooLargeError,
+    encode_record,
 )
 
 
@@ -32,6 +38,9 @@ class FakeClock:
     def __call__(self) -> float:
         self.threads.add(threading.get_ident())
         return self.now
+
+
+KEY_A, KEY_B = "aa" * 32, "bb" * 32
 
 
 def record(session_id: str, turns: int = 1, owner: str | None = "ab" * 32) -> SessionRecord:
@@ -143,6 +152,115 @@ async def test_eviction_of_least_recently_saved(make_store):
     await store.close()
 
 
+async def _save_all(store, clock: FakeClock, names: list[str], owner: str | None) -> None:
+    for name in names:
+        clock.now += 1.0
+        await store.save(record(name, owner=owner))
+
+
+async def _stored(store, names: list[str]) -> list[str]:
+    return [name for name in names if await store.load(name) is not None]
+
+
+async def test_a_keys_saves_never_evict_another_keys_sessions(make_store):
+    clock = FakeClock()
+    store = make_store(clock, max_sessions=5, max_sessions_per_key=3)
+    a_names, b_names = ["a0", "a1"], [f"b{i}" for i in range(8)]
+    await _save_all(store, clock, a_names, KEY_A)
+    await _save_all(store, clock, b_names, KEY_B)
+    assert await _stored(store, a_names) == a_names
+    assert await _stored(store, b_names) == ["b5", "b6", "b7"]  # B's own oldest went
+    await store.close()
+
+
+async def test_a_keys_own_least_recently_saved_go_first(make_store):
+    clock = FakeClock()
+    store = make_store(clock, max_sessions_per_key=3)
+    names = ["a0", "a1", "a2"]
+    await _save_all(store, clock, names, KEY_A)
+    clock.now += 1.0
+    await store.save(await store.load("a0"))  # refreshed: "a1" is now A's oldest
+    await _save_all(store, clock, ["a3"], KEY_A)
+    assert await _stored(store, names + ["a3"]) == ["a0", "a2", "a3"]
+    await store.close()
+
+
+async def test_sessions_without_an_owner_count_as_one_key(make_store):
+    clock = FakeClock()
+    store = make_store(clock, max_sessions_per_key=2)
+    await _save_all(store, clock, ["k0"], KEY_A)
+    await _save_all(store, clock, ["n0", "n1", "n2"], None)
+    assert await _stored(store, ["k0", "n0", "n1", "n2"]) == ["k0", "n1", "n2"]
+    await store.close()
+
+
+async def test_byte_quota_evicts_the_keys_own_oldest(make_store):
+    clock = FakeClock()
+    _, size = encode_record(record("a0", turns=2, owner=KEY_A), 1 << 20)
+    store = make_store(clock, max_bytes_per_session=2 * size,
+                       max_bytes_per_key=2 * size + size // 2)
+    for name, owner in [("b0", KEY_B), ("a0", KEY_A), ("a1", KEY_A), ("a2", KEY_A)]:
+        clock.now += 1.0
+        await store.save(record(name, turns=2, owner=owner))
+    # A's three sessions were over 2.5 sessions' worth: its oldest went, B's (older) stayed.
+    assert await _stored(store, ["a0", "a1", "a2", "b0"]) == ["a1", "a2", "b0"]
+    grown = await store.load("a2")  # one session growing past the rest of A's room
+    grown.messages += grown.messages
+    clock.now += 1.0
+    await store.save(grown)
+    assert await _stored(store, ["a1", "a2", "b0"]) == ["a2", "b0"]
+    assert len((await store.load("a2")).messages) == 8
+    await store.close()
+
+
+async def test_the_global_cap_applies_after_the_quotas(make_store):
+    clock = FakeClock()
+    store = make_store(clock, max_sessions=4, max_sessions_per_key=3)
+    await _save_all(store, clock, ["a0", "a1", "a2"], KEY_A)
+    await _save_all(store, clock, ["b0", "b1"], KEY_B)
+    assert await _stored(store, ["a0", "a1", "a2", "b0", "b1"]) == ["a1", "a2", "b0", "b1"]
+    await store.close()
+
+
+async def test_quotas_switched_off(make_store):
+    clock = FakeClock()
+    store = make_store(clock, max_sessions=50, max_sessions_per_key=None,
+                       max_bytes_per_key=None)
+    names = [f"a{i}" for i in range(12)]
+    await _save_all(store, clock, names, KEY_A)
+    assert await _stored(store, names) == names
+    await store.close()
+
+
+async def test_redis_quota_bookkeeping_matches_the_sessions(redis_server):
+    """After saves, evictions, expiry and deletes, the per-key sets and byte sums hold
+    exactly the stored sessions."""
+    clock = FakeClock()
+    config = SessionStoreConfig(redis_server.url, ttl_s=100.0, max_sessions=6,
+                                max_sessions_per_key=3, max_bytes_per_session=1_000,
+                                max_bytes_per_key=1_200)
+    store = RedisSessionStore(config, clock=clock)
+    for i in range(10):
+        clock.now += 1.0
+        await store.save(record(f"s{i}", turns=1 + i % 4, owner=[KEY_A, KEY_B, None][i % 3]))
+    await store.delete("s9")
+    clock.now += 95.0  # the first few saves have expired
+    await store.save(record("late", owner=KEY_B))
+    client = store._redis  # the layout itself is under test
+    live = set(await client.zrange(PREFIX + "sessions", 0, -1))
+    owners = await client.hgetall(PREFIX + "session_owner")
+    sizes = await client.hgetall(PREFIX + "session_bytes")
+    assert set(owners) == set(sizes) == live
+    for key in ("none", KEY_A, KEY_B):
+        mine = set(await client.zrange(PREFIX + "owner:" + key, 0, -1))
+        assert mine == {sid for sid, owner in owners.items() if owner == key}
+        total = int(await client.hget(PREFIX + "owner_bytes", key) or 0)
+        assert total == sum(int(sizes[sid]) for sid in mine), key
+    for sid in live:
+        assert await client.exists(PREFIX + "session:" + sid), sid
+    await store.close()
+
+
 async def test_save_never_overwrites_a_newer_version(make_store):
     store = make_store()
     rec = record("s1")
@@ -178,6 +296,45 @@ async def test_sqlite_adds_versions_to_an_older_file(tmp_path):
     await store.save(old)
     assert (await store.load("old")).version == 1
     await store.close()
+
+
+async def test_sqlite_older_file_counts_its_sessions_towards_their_keys(tmp_path):
+    path = tmp_path / "sessions.db"
+    with sqlite3.connect(path) as conn:  # the schema before owners were indexed
+        conn.execute("CREATE TABLE sessions (session_id TEXT PRIMARY KEY, updated_at REAL "
+                     "NOT NULL, body TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0)")
+        for i, owner in enumerate([KEY_A, KEY_A, KEY_B]):
+            body, _ = encode_record(record(f"old{i}", owner=owner), 1 << 20)
+            conn.execute("INSERT INTO sessions VALUES (?, ?, ?, 1)", (f"old{i}", 1e3 + i, body))
+    clock = FakeClock(2_000.0)
+    store = SqliteSessionStore(path, max_sessions_per_key=2, clock=clock)
+    await store.save(record("new", owner=KEY_A))
+    assert await _stored(store, ["old0", "old1", "old2", "new"]) == ["old1", "old2", "new"]
+    await store.close()
+
+
+def test_sqlite_file_is_private(tmp_path):
+    found = tmp_path / "srv"
+    found.mkdir()
+    found.chmod(0o755)
+    path = found / "state" / "tokenwire" / "sessions.db"
+    before = os.umask(0o022)
+    try:
+        asyncio.run(_save_and_check_modes(path))
+    finally:
+        os.umask(before)
+    for directory in (path.parent, path.parent.parent):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    assert stat.S_IMODE(found.stat().st_mode) == 0o755  # one it found keeps its mode
+
+
+async def _save_and_check_modes(path) -> None:
+    store = SqliteSessionStore(path)
+    await store.save(record("s1"))
+    names = [path.name, path.name + "-wal", path.name + "-shm"]
+    modes = {name: stat.S_IMODE((path.parent / name).stat().st_mode) for name in names}
+    await store.close()
+    assert modes == dict.fromkeys(names, 0o600)
 
 
 async def test_sqlite_survives_reopen_and_uses_wal(tmp_path):
@@ -231,6 +388,24 @@ def test_config_validation():
         SessionStoreConfig(max_sessions=0)
     with pytest.raises(ValueError, match="max_bytes_per_session"):
         SessionStoreConfig(max_bytes_per_session=1)
+    with pytest.raises(ValueError, match="max_sessions_per_key"):
+        SessionStoreConfig(max_sessions_per_key=0)
+    with pytest.raises(ValueError, match="max_bytes_per_key"):
+        SessionStoreConfig(max_bytes_per_session=4096, max_bytes_per_key=4095)
+    SessionStoreConfig(max_sessions_per_key=None, max_bytes_per_key=None)
+
+
+def test_quota_flags():
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = parser.parse_args(["--session-store", "memory:", "--max-sessions-per-key", "none",
+                              "--max-bytes-per-key", "65536",
+                              "--max-session-bytes", "4096"])
+    config = serve.session_store_config(args, {})
+    assert (config.max_sessions_per_key, config.max_bytes_per_key) == (None, 65536)
+    defaults = serve.session_store_config(parser.parse_args([]), {})
+    assert defaults.max_sessions_per_key < defaults.max_sessions
+    assert defaults.max_bytes_per_session <= defaults.max_bytes_per_key
 
 
 async def test_make_session_store(tmp_path, redis_server):
