@@ -183,11 +183,14 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """200 when the model is loaded, not draining and not overloaded; else 503 + reason."""
+    """200 when the model is loaded, not draining, not overloaded and the session store
+    answers; else 503 + reason."""
     rt = request.app[RUNTIME]
     reason = rt.reason if not rt.ready else ("overloaded" if rt.scheduler.overloaded() else "")
     if rt.status == "ready" and not rt.ready:
         reason = "engine loop stopped"
+    if not reason and not rt.sessions.healthy:
+        reason = "session store unavailable"
     if reason:
         return web.json_response({"ready": False, "reason": reason}, status=503,
                                  headers={"Retry-After": "1"})
