@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from pathlib import Path
 
 from aiohttp import WSCloseCode, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import openai
+from gateway.auth import AccessLog, authenticate
 from gateway.config import GatewayConfig
 from gateway.metrics import Metrics
 from gateway.realtime.route import realtime_handler
 from gateway.runtime import RUNTIME, Runtime
-from gateway.sessions.store import MemorySessionStore
 from gateway.sessions.registry import SessionRegistry
-from gateway.sessions.store import SessionStore
+from gateway.sessions.store import MemorySessionStore, SessionStore
+from gateway.sockets.guard import ConnectionGuard, GuardedRunner
 from gateway.ws.route import ws_handler
 from scheduler.door import Scheduler
 from scheduler.metrics import register_metrics
@@ -69,9 +71,17 @@ def _routes(router: web.UrlDispatcher) -> None:
 
 
 def make_runner(app: web.Application, **kwargs) -> web.AppRunner:
-    """The runner `tokenwire serve` (and the tests) use. handler_cancellation: a client
-    that hangs up mid-completion cancels its handler, which aborts the engine request."""
-    return web.AppRunner(app, handle_signals=False, handler_cancellation=True, **kwargs)
+    """The runner `tokenwire serve` (and the tests) use: each connection passes the
+    ConnectionGuard (caps, head deadline) first. handler_cancellation: a client that hangs
+    up mid-completion cancels its handler, which aborts the engine request."""
+    rt = app[RUNTIME]
+    if rt.config.access_log:
+        kwargs.update(access_log_class=AccessLog, access_log=logging.getLogger("tokenwire.access"))
+    else:
+        kwargs["access_log"] = None
+    return GuardedRunner(app, ConnectionGuard(rt.config, rt.metrics), handle_signals=False,
+                         handler_cancellation=True,
+                         keepalive_timeout=rt.config.keepalive_timeout_s, **kwargs)
 
 
 # -- one cleanup context per resource ------------------------------------------------------
@@ -198,5 +208,23 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text; with API keys on, only for a key (or on --metrics-port)."""
     rt = request.app[RUNTIME]
+    authenticate(request, rt.config)
+    return _metrics_text(rt)
+
+
+def build_metrics_app(app: web.Application) -> web.Application:
+    """/metrics alone, without a key, for --metrics-port: the same registry as `app`'s."""
+    metrics_app = web.Application()
+    metrics_app[RUNTIME] = app[RUNTIME]
+    metrics_app.router.add_get("/metrics", _open_metrics)
+    return metrics_app
+
+
+async def _open_metrics(request: web.Request) -> web.Response:
+    return _metrics_text(request.app[RUNTIME])
+
+
+def _metrics_text(rt: Runtime) -> web.Response:
     return web.Response(body=rt.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})

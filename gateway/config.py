@@ -7,6 +7,7 @@ reads the environment; everything else gets its settings from this object.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import socket
 from dataclasses import dataclass, field
 
@@ -18,8 +19,9 @@ from common.settings import comma_list, setting
 class GatewayConfig:
     """Network and protocol limits of the gateway (admission limits: SchedulerConfig).
 
-    api_keys: empty means no auth. allowed_origins: empty means any Origin is accepted
-    (browsers' cross-site WebSockets are then only guarded by API keys).
+    api_keys: empty means no auth, allowed only on a loopback address unless
+    insecure_no_auth. allowed_origins: empty means the page's own origin and loopback ones
+    (a page on any other site cannot drive the server from a visitor's browser); "*" any.
     """
 
     host: str = setting("127.0.0.1", "address to bind")
@@ -46,24 +48,63 @@ class GatewayConfig:
     reconnect_after_ms: int = setting(2000, "milliseconds sent with `draining`",
                                       flag="--reconnect-after")
     max_conversation_items: int = setting(1024, "items one /v1/realtime conversation may "
-                                          "hold")
+                                          "hold, and messages one request may send "
+                                          "(response.input, generate, chat completions)")
+    header_timeout_s: float = setting(10.0, "seconds a client may take to send a request's "
+                                      "line and headers (slowloris)",
+                                      flag="--header-timeout")
+    body_timeout_s: float = setting(30.0, "seconds a client may take to send a request's "
+                                    "body", flag="--body-timeout")
+    keepalive_timeout_s: float = setting(75.0, "seconds an idle HTTP keep-alive connection "
+                                         "stays open", flag="--keepalive-timeout")
+    max_connections_total: int = setting(4096, "open TCP connections in all; beyond it a "
+                                         "new one gets 503 too_many_connections",
+                                         flag="--max-connections")
+    max_connections_per_ip: int = setting(256, "open connections from one non-loopback "
+                                          "address (a proxy on this host is not counted)")
+    max_connections_per_key: int = setting(256, "open sockets and HTTP requests of one API "
+                                           "key; beyond it 429 rate_limited")
+    access_log: bool = setting(False, "one JSON line per HTTP request and WebSocket on the "
+                               "tokenwire.access logger: method, path (no query), status, "
+                               "bytes, duration, key id (never the key)")
+    max_schema_bytes: int = setting(65536, "largest response_format JSON schema, as "
+                                    "compact JSON (its grammar compiles in time with it)")
+    max_schema_depth: int = setting(32, "deepest nesting of a response_format JSON schema")
+    render_timeout_s: float = setting(10.0, "seconds a prompt may take to render and "
+                                      "tokenize, off the event loop; beyond it the "
+                                      "request answers too_large", flag="--render-timeout")
     api_keys: tuple[str, ...] = setting((), "an API key (repeatable; also "
                                         "--api-key-file and TOKENWIRE_API_KEYS)",
                                         flag="--api-key", repeat=True)
-    allowed_origins: tuple[str, ...] = setting((), "comma-separated Origins",
-                                               parse=comma_list)
+    allowed_origins: tuple[str, ...] = setting((), "comma-separated Origins a browser may "
+                                               "connect from; * for any (default: the "
+                                               "server's own and loopback)", parse=comma_list)
+    insecure_no_auth: bool = setting(False, "serve a non-loopback address without API keys: "
+                                     "anyone who reaches it may use it")
+    metrics_port: int | None = setting(None, "also serve /metrics, without a key, on this "
+                                       "port of the same host (bind it where only your "
+                                       "monitoring reaches)")
     instance_id: str = setting("", "this replica's name in hello.instance (default: "
                                "hostname:port)")
     key_hashes: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self):
-        if not 0 <= self.port <= 65535:
-            raise ConfigError("port", "must be in [0, 65535]")
+        for name in ("port", "metrics_port"):
+            if getattr(self, name) is not None and not 0 <= getattr(self, name) <= 65535:
+                raise ConfigError(name, "must be in [0, 65535]")
+        if not self.api_keys and not self.insecure_no_auth and not is_loopback(self.host):
+            raise ConfigError("api_keys", f"serving {self.host} (not a loopback address) "
+                              "needs API keys (--api-key, --api-key-file or "
+                              "TOKENWIRE_API_KEYS), or --insecure-no-auth to serve it open")
         for name in ("max_message_bytes", "max_pending_frames", "max_tokens_cap",
                      "default_max_tokens", "reconnect_after_ms", "max_choices",
-                     "max_conversation_items"):
+                     "max_conversation_items", "max_schema_bytes", "max_schema_depth",
+                     "max_connections_total", "max_connections_per_ip",
+                     "max_connections_per_key"):
             _positive(name, getattr(self, name))
-        for name in ("heartbeat_s", "send_timeout_s", "drain_timeout_s", "drain_grace_s"):
+        for name in ("heartbeat_s", "send_timeout_s", "drain_timeout_s", "drain_grace_s",
+                     "render_timeout_s", "header_timeout_s", "body_timeout_s",
+                     "keepalive_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, "must be > 0")
         if self.receive_timeout_s is not None and not self.receive_timeout_s > 0:
@@ -82,6 +123,16 @@ class GatewayConfig:
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only (an address, or "localhost")."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname: it may resolve to any interface
 
 
 def key_hash(key: str) -> str:

@@ -35,3 +35,39 @@ def content_text(index: int, content: str | list[ContentPart] | None) -> str:
                                f"only text parts are supported, not {part.type[:32]!r}",
                                param=f"messages[{index}].content[{j}].type")
     return "".join(part.text for part in content)
+
+
+def fit_to_context(encode_chat, messages: list[dict], room: int, max_len: int,
+                   step: int = 1) -> list[int]:
+    """The chat template's token ids for `messages`, the oldest non-system messages dropped
+    `step` at a time (2: a user turn and its reply) until `room` more tokens fit in
+    `max_len`, keeping at least the last message (one that alone does not fit is the
+    engine's too_large to report).
+
+        drops:   0    1    2  ...  k  ...  most      (fits? monotone: dropping never grows it)
+                 no   no   no      yes      yes   -> the fewest drops that fit, by bisection
+
+    Each render is linear in the conversation, and bisection takes log2(messages) of them:
+    a long history costs O(n log n), where dropping one message at a time cost O(n^2)."""
+    first = 1 if messages and messages[0]["role"] == "system" else 0
+    remaining = len(messages) - first
+
+    def render(drops: int) -> list[int]:
+        return encode_chat(messages[:first] + messages[first + drops * step:])
+
+    def fits(prompt: list[int]) -> bool:
+        return len(prompt) + room <= max_len
+
+    prompt = render(0)
+    most = -(-(remaining - 1) // step) if remaining > 1 else 0
+    if fits(prompt) or most == 0:
+        return prompt
+    low, high, found = 0, most, {}  # render(low) does not fit; render(high) fits, or high
+    while high - low > 1:           # is `most` (then nothing fits: too_large, later)
+        mid = (low + high) // 2
+        candidate = render(mid)
+        if fits(candidate):
+            high, found[mid] = mid, candidate
+        else:
+            low = mid
+    return found.get(high) or render(high)

@@ -55,6 +55,9 @@ class Metrics:
                                       "queue)", buckets=_REFUSAL_BUCKETS, registry=r)
         self.requests = Counter(P + "requests", "Finished requests", ["finish_reason"],
                                 registry=r)
+        self.connection_refusals = Counter(P + "connection_refusals", "Connections refused "
+                                           "or cut before a request: caps, slow heads, "
+                                           "slow bodies", ["reason"], registry=r)
         r.register(_EngineCollector(engine_stats, gpu_sampler))
 
     def observe_delta(self, stream, n: int, now: float) -> None:

@@ -114,8 +114,35 @@ def sampling_params(params: Params, *, default_max_tokens: int,
 
 def resolve(config: GatewayConfig, *layers: Params | dict | None) -> SamplingParams:
     """The layers (a map is a session's stored defaults) merged, later ones winning, as
-    SamplingParams within the gateway's max_tokens default and cap; raises ParamError."""
+    SamplingParams within the gateway's limits; raises ParamError."""
     merged = merge(*(params_from_map(layer) if isinstance(layer, dict) else layer
                      for layer in layers))
+    if given(merged.response_format) and given(merged.response_format.json_schema):
+        check_schema(merged.response_format.json_schema.schema, config.max_schema_bytes,
+                     config.max_schema_depth)
     return sampling_params(merged, default_max_tokens=config.default_max_tokens,
                            max_tokens_cap=config.max_tokens_cap)
+
+
+def check_schema(schema: dict | None, max_bytes: int, max_depth: int) -> None:
+    """A JSON schema small and shallow enough for its grammar to compile in time: its
+    compiled size grows with the schema's, and each level nests the grammar's rules."""
+    size = len(msgspec.json.encode(schema))
+    if size > max_bytes:
+        raise ParamError("response_format", f"the JSON schema is {size} bytes, over the "
+                         f"limit of {max_bytes} (max_schema_bytes)")
+    level, depth = [schema], 0
+    while level:  # one level of nesting at a time: linear in the schema's size
+        depth += 1
+        if depth > max_depth:
+            raise ParamError("response_format", f"the JSON schema nests deeper than "
+                             f"{max_depth} levels (max_schema_depth)")
+        level = [child for node in level for child in _children(node)]
+
+
+def _children(node) -> list:
+    if isinstance(node, dict):
+        return [v for v in node.values() if isinstance(v, (dict, list))]
+    if isinstance(node, list):
+        return [v for v in node if isinstance(v, (dict, list))]
+    return []

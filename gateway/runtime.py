@@ -5,8 +5,12 @@
 """
 from __future__ import annotations
 
+import asyncio
+import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -18,6 +22,8 @@ from gateway.stream import Stream
 from scheduler.door import Admission, Ask, Scheduler
 from scheduler.models import FAILED, ModelSlot
 from scheduler.ticket import InvalidAdmission, Rejected
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -32,6 +38,8 @@ class Runtime:
     draining: bool = False
     connections: set = field(default_factory=set)  # open gateway.sockets.core.SocketCore
     http_streams: set = field(default_factory=set)  # running HTTP completions
+    # open sockets and HTTP requests per API key (its hash)
+    key_holds: collections.Counter = field(default_factory=collections.Counter)
 
     @property
     def model(self) -> ModelSlot:
@@ -57,6 +65,33 @@ class Runtime:
                 "max_context": self.model.max_model_len,
                 "max_message_bytes": self.config.max_message_bytes,
                 "max_inflight": self.scheduler.config.max_inflight_per_socket}
+
+    def take_key_slot(self, owner: str | None) -> None:
+        """Count an open socket or HTTP request against its key's max_connections_per_key
+        (give it back with give_key_slot); a RequestError (rate_limited) beyond it."""
+        if owner is None:
+            return
+        if self.key_holds[owner] >= self.config.max_connections_per_key:
+            raise RequestError("rate_limited", "too many open sockets and requests for this "
+                               "API key (max_connections_per_key)", retry_after_ms=1000)
+        self.key_holds[owner] += 1
+
+    def give_key_slot(self, owner: str | None) -> None:
+        if owner is None:
+            return
+        self.key_holds[owner] -= 1
+        if self.key_holds[owner] <= 0:
+            del self.key_holds[owner]
+
+    async def tokenize(self, job: Callable[[], T], request_id: str | None = None) -> T:
+        """Run a prompt's rendering and tokenization off the event loop within
+        render_timeout_s; past it, a too_large RequestError."""
+        try:
+            return await self.model.off_loop(job, self.config.render_timeout_s)
+        except asyncio.TimeoutError:
+            raise RequestError("too_large", "the prompt took longer than "
+                               f"{self.config.render_timeout_s:g} s to render and tokenize; "
+                               "send a shorter one", request_id) from None
 
     async def admit(self, stream: Stream, priority: int, prompt_tokens: int,
                     socket: object | None, owner: str | None) -> Admission:

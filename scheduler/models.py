@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from engine import AsyncEngine, EngineConfig, EngineStats, SamplingParams
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOADING, READY, FAILED = "loading", "ready", "failed"
+T = TypeVar("T")
 
 
 class ModelSlot:
@@ -39,6 +41,11 @@ class ModelSlot:
         self.state = LOADING
         self.reason = "model loading"
         self.dead = asyncio.Event()  # set once a ready engine died
+        # Templates and tokenization run here, off the event loop. One thread: a fast
+        # tokenizer's encode is not safe from several threads at once (it sets its
+        # truncation state per call), and one bounded job at a time keeps a huge prompt
+        # from taking more than its share.
+        self._text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         self._token_texts: dict[int, str] = {}  # bounded by the vocabulary
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -70,6 +77,7 @@ class ModelSlot:
 
     async def stop(self) -> None:
         """Stop the engine this slot built (an engine given to it is the caller's)."""
+        self._text_thread.shutdown(wait=False, cancel_futures=True)
         if self._given is None and self._engine is not None:
             with contextlib.suppress(Exception):
                 await self._engine.stop()
@@ -107,6 +115,14 @@ class ModelSlot:
         return self._engine.stats() if self._engine is not None else None
 
     # -- text <-> token ids ----------------------------------------------------------------
+    async def off_loop(self, job: Callable[[], T], timeout: float) -> T:
+        """Run `job` (a template render, a tokenization, a prompt's fitting: CPU work that
+        grows with the client's input) on the tokenizer's thread, so the event loop never
+        waits on it; TimeoutError once `timeout` seconds pass (the job, bounded by the
+        input's size, still runs to its end, with no one waiting)."""
+        future = asyncio.get_running_loop().run_in_executor(self._text_thread, job)
+        return await asyncio.wait_for(future, timeout)
+
     def encode(self, text: str) -> list[int]:
         return self._engine.encode(text)
 

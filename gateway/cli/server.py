@@ -17,8 +17,8 @@ import signal
 from aiohttp import web
 
 from engine.config import EngineConfig
-from gateway.app import build_app, drain, make_runner
-from gateway.config import GatewayConfig
+from gateway.app import build_app, build_metrics_app, drain, make_runner
+from gateway.config import GatewayConfig, is_loopback
 from gateway.sessions.factory import make_session_store
 from gateway.sessions.store import SessionStoreConfig
 from scheduler.config import SchedulerConfig
@@ -62,9 +62,7 @@ async def serve(config: GatewayConfig, engine_cfg: EngineConfig, sched_cfg: Sche
     log.info("sessions in %s", re.sub(r"//[^@/]*@", "//", store_cfg.url))  # no password
     # The app owns the store from here: its cleanup closes it.
     app = build_app(config, Scheduler(sched_cfg, model), make_session_store(store_cfg))
-    runner = make_runner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, config.host, config.port).start()
+    runners = await _listen(app, config)
     log.info("listening on http://%s:%d (model %s loading)", config.host, config.port,
              engine_cfg.model)
     stop = asyncio.Event()
@@ -73,9 +71,34 @@ async def serve(config: GatewayConfig, engine_cfg: EngineConfig, sched_cfg: Sche
         loop.add_signal_handler(sig, stop.set)
     if await _engine_died(stop, model.dead):
         log.critical("exiting with status 1 for a restart: %s", model.reason)
-        await runner.cleanup()
+        for runner in runners:
+            await runner.cleanup()
         return 1
     stop.clear()
+    return await _drain_and_stop(app, runners, config, stop)
+
+
+async def _listen(app: web.Application, config: GatewayConfig) -> list[web.AppRunner]:
+    """The app on host:port, and /metrics alone on --metrics-port when given."""
+    if config.insecure_no_auth and not config.api_keys and not is_loopback(config.host):
+        log.warning("serving %s without API keys (--insecure-no-auth): anyone who reaches "
+                    "it may use it", config.host)
+    runners = [make_runner(app)]
+    sites = [(runners[0], config.port)]
+    if config.metrics_port is not None:
+        runners.append(web.AppRunner(build_metrics_app(app), handle_signals=False,
+                                     access_log=None))
+        sites.append((runners[1], config.metrics_port))
+    for runner, port in sites:
+        await runner.setup()
+        await web.TCPSite(runner, config.host, port).start()
+    return runners
+
+
+async def _drain_and_stop(app: web.Application, runners: list[web.AppRunner],
+                          config: GatewayConfig, stop: asyncio.Event) -> int:
+    """Drain (a second signal skips the wait), then stop within the drain's bound."""
+    loop = asyncio.get_running_loop()
     log.info("draining (up to %.0fs; signal again to skip)", config.drain_timeout_s)
     started = loop.time()
     drain_task = asyncio.create_task(drain(app))
@@ -89,7 +112,7 @@ async def serve(config: GatewayConfig, engine_cfg: EngineConfig, sched_cfg: Sche
     # Part of the grace is kept for the exit itself (unmapping a model's memory).
     bound = (started + config.drain_timeout_s + config.drain_grace_s
              - min(EXIT_RESERVE_S, config.drain_grace_s / 2))
-    cleanup = asyncio.create_task(runner.cleanup())
+    cleanup = asyncio.create_task(_cleanup(runners))
     done, _ = await asyncio.wait([cleanup], timeout=max(0.1, bound - loop.time()))
     log.info("stopped %.2fs after the signal", loop.time() - started)
     if not done:
@@ -98,6 +121,11 @@ async def serve(config: GatewayConfig, engine_cfg: EngineConfig, sched_cfg: Sche
         log.warning("shutdown reached the drain's bound; exiting without waiting for it")
         exit_now(0)
     return 0
+
+
+async def _cleanup(runners: list[web.AppRunner]) -> None:
+    for runner in runners:
+        await runner.cleanup()
 
 
 async def _engine_died(stop: asyncio.Event, engine_dead: asyncio.Event) -> bool:

@@ -105,11 +105,12 @@ async def sse(request: web.Request, job: Job) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        sink = _Sink(request, resp, job.rt.config.send_timeout_s)
         try:
             for choice in job.choices:
-                await _opening(resp, job, choice)
+                await _opening(sink, job, choice)
             while item is not None:
-                await _sse_output(resp, job, *item)
+                await _sse_output(sink, job, *item)
                 item = await anext(outputs, None)
         except asyncio.CancelledError:
             if not stream.cancel_requested:
@@ -123,11 +124,34 @@ async def sse(request: web.Request, job: Job) -> web.StreamResponse:
             stream.finish_reason = "error"
     conclude(stream, job.choices, job.prompts)
     job.rt.metrics.observe_done(stream, time.perf_counter())
-    await _closing(resp, job)
+    await _closing(sink, job)
     return resp
 
 
-async def _opening(resp: web.StreamResponse, job: Job, choice: Choice) -> None:
+class _Sink:
+    """The SSE response, each write bounded by send_timeout: a client that stops reading
+    is cut off (its connection aborted), which ends its request and frees its slot, as a
+    WebSocket that does not drain is closed."""
+
+    def __init__(self, request: web.Request, resp: web.StreamResponse, timeout: float):
+        self._request, self._resp, self._timeout = request, resp, timeout
+
+    async def write(self, data: bytes) -> None:
+        await self._bounded(self._resp.write(data))
+
+    async def write_eof(self) -> None:
+        await self._bounded(self._resp.write_eof())
+
+    async def _bounded(self, write) -> None:
+        try:
+            await asyncio.wait_for(write, self._timeout)
+        except asyncio.TimeoutError:
+            if self._request.transport is not None:
+                self._request.transport.abort()
+            raise ConnectionResetError(f"not read within {self._timeout:g} s") from None
+
+
+async def _opening(resp: _Sink, job: Job, choice: Choice) -> None:
     """Chat: each choice opens with the assistant's role; completions: with the echo."""
     if job.chat:
         await _event(resp, _chunk(job, choice, {"role": "assistant", "content": ""}))
@@ -136,7 +160,7 @@ async def _opening(resp: web.StreamResponse, job: Job, choice: Choice) -> None:
         choice.sent_chars = len(choice.echo)
 
 
-async def _closing(resp: web.StreamResponse, job: Job) -> None:
+async def _closing(resp: _Sink, job: Job) -> None:
     failure = _failure(job.stream)
     if failure is not None:
         await _event(resp, {"error": failure})
@@ -147,7 +171,7 @@ async def _closing(resp: web.StreamResponse, job: Job) -> None:
     await resp.write_eof()
 
 
-async def _sse_output(resp: web.StreamResponse, job: Job, choice: Choice, out) -> None:
+async def _sse_output(resp: _Sink, job: Job, choice: Choice, out) -> None:
     """One chunk; a cancelled or failed choice's last output carries only its text (the
     request's end is the error event written after it)."""
     finish = (choice.stream.finish_reason
@@ -164,7 +188,7 @@ async def _sse_output(resp: web.StreamResponse, job: Job, choice: Choice, out) -
     job.rt.metrics.observe_delta(job.stream, len(out.new_token_ids), time.perf_counter())
 
 
-async def _event(resp: web.StreamResponse, obj: dict) -> None:
+async def _event(resp: _Sink, obj: dict) -> None:
     await resp.write(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")
 
 

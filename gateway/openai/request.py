@@ -4,6 +4,7 @@ shape naming the field. Which OpenAI parameter is honoured, accepted with no eff
 refused is gateway/openai/support.py's table."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -12,7 +13,7 @@ from aiohttp import web
 from engine.sampling_params import SamplingParams
 from gateway import params as wire
 from gateway.config import GatewayConfig
-from gateway.errors import RequestError, bad_request, field_error
+from gateway.errors import RequestError, bad_request, error_response, field_error
 from gateway.messages import ContentPart
 from gateway.openai.support import CHAT_REFUSED, COMMON_REFUSED, COMPLETION_REFUSED, NO_EFFECT
 
@@ -70,8 +71,15 @@ class _Completion(CommonRequest, kw_only=True):
 CompletionRequest = _with_opaque(_Completion, "CompletionRequest", *COMPLETION_REFUSED)
 
 
-async def decode_body(request: web.Request, schema: type[msgspec.Struct]):
-    body = await request.read()
+async def decode_body(request: web.Request, schema: type[msgspec.Struct], timeout: float):
+    """The body as `schema`; a body that takes longer than `timeout` to arrive is a 408."""
+    try:
+        body = await asyncio.wait_for(request.read(), timeout)
+    except asyncio.TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+        raise error_response(web.HTTPRequestTimeout, f"the body did not arrive within "
+                             f"{timeout:g} s", "timeout") from None
     try:
         return msgspec.json.decode(body, type=schema)
     except msgspec.ValidationError as exc:
@@ -109,8 +117,7 @@ def sampling_params(config: GatewayConfig, req: CommonRequest) -> SamplingParams
             if req.top_logprobs is not None:
                 names["logprobs"] = "top_logprobs"
     try:
-        return wire.sampling_params(params, default_max_tokens=config.default_max_tokens,
-                                    max_tokens_cap=config.max_tokens_cap)
+        return wire.resolve(config, params)
     except wire.ParamError as exc:
         name = names.get(exc.field, exc.field)
         raise bad_request(f"{name}: {exc.problem}", name) from None

@@ -19,7 +19,7 @@ import time
 from aiohttp import web
 
 from engine.errors import EngineError, InvalidRequestError
-from gateway.auth import authenticate, check_origin
+from gateway.auth import OWNER, authenticate, check_origin
 from gateway.errors import RequestError, bad_request, error_response
 from gateway.messages import ROLES, message_dict
 from gateway.openai.answer import Job, sse, whole
@@ -32,12 +32,13 @@ from gateway.stream import Stream
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
-_OWNER = web.RequestKey("owner", str)  # the caller's key hash; None without auth
+_HOLDS_SLOT = web.RequestKey("holds_key_slot", bool)
 
 
 def _contained(handler):
     """The fault boundary of one HTTP request: an unexpected exception answers a 500 in
-    OpenAI's error shape and logs one traceback; the server and its other requests go on."""
+    OpenAI's error shape and logs one traceback; the server and its other requests go on.
+    The request's slot of its key (taken by _runtime) is given back however it ends."""
     @functools.wraps(handler)
     async def contained(request: web.Request) -> web.StreamResponse:
         try:
@@ -47,6 +48,9 @@ def _contained(handler):
         except Exception:  # noqa: BLE001 - one request's fault stays in that request
             log.exception("%s %s failed", request.method, request.path)
             raise _internal() from None
+        finally:
+            if request.get(_HOLDS_SLOT):
+                request.app[RUNTIME].give_key_slot(request[OWNER])
     return contained
 
 
@@ -66,17 +70,21 @@ async def models(request: web.Request) -> web.Response:
 @_contained
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
-    req = await decode_body(request, ChatRequest)
+    req = await decode_body(request, ChatRequest, rt.config.body_timeout_s)
     check(req, rt.config.max_choices, chat=True)
     tools = chat_tools(req, rt.model.supports_tools)
-    messages = _messages(req, tools is not None)
-    return await _complete(request, rt, req, [rt.model.encode_chat(messages, tools)])
+    messages = _messages(req, tools is not None, rt.config.max_conversation_items)
+    prompt = await _tokenize(rt, lambda: rt.model.encode_chat(messages, tools), "messages")
+    return await _complete(request, rt, req, [prompt])
 
 
-def _messages(req: ChatRequest, with_tools: bool) -> list[dict]:
+def _messages(req: ChatRequest, with_tools: bool, max_messages: int) -> list[dict]:
     """The messages as the chat template takes them; tool turns only with tools."""
     if not req.messages:
         raise bad_request("messages: must not be empty", "messages")
+    if len(req.messages) > max_messages:
+        raise bad_request(f"messages: at most {max_messages} messages "
+                          "(max_conversation_items)", "messages", code="too_large")
     roles = ROLES | {"tool"} if with_tools else ROLES
     messages = []
     for i, m in enumerate(req.messages):
@@ -92,17 +100,28 @@ def _messages(req: ChatRequest, with_tools: bool) -> list[dict]:
 @_contained
 async def completions(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
-    req = await decode_body(request, CompletionRequest)
+    req = await decode_body(request, CompletionRequest, rt.config.body_timeout_s)
     check(req, rt.config.max_choices, chat=False)
     prompt = _prompts(req.prompt)
     if len(prompt) * req.n > rt.config.max_choices:
         raise bad_request(f"prompt: {len(prompt)} prompts times n={req.n} is more than "
                           f"{rt.config.max_choices} choices", "prompt")
-    ids = [rt.model.encode(p) if isinstance(p, str) else p for p in prompt]
+    model = rt.model
+    ids = await _tokenize(rt, lambda: [model.encode(p) if isinstance(p, str) else p
+                                       for p in prompt], "prompt")
     echoes = None
     if req.echo:
-        echoes = [p if isinstance(p, str) else rt.model.decode(p) for p in prompt]
+        echoes = await _tokenize(rt, lambda: [p if isinstance(p, str) else model.decode(p)
+                                              for p in prompt], "prompt")
     return await _complete(request, rt, req, ids, echoes)
+
+
+async def _tokenize(rt: Runtime, job, param: str):
+    """Templates and tokenization off the event loop; too slow is a 400 too_large."""
+    try:
+        return await rt.tokenize(job)
+    except RequestError as exc:
+        raise bad_request(exc.message, param, code=exc.code) from None
 
 
 def _prompts(prompt: str | list) -> list[str | list[int]]:
@@ -118,9 +137,15 @@ def _prompts(prompt: str | list) -> list[str | list[int]]:
 
 
 def _runtime(request: web.Request) -> Runtime:
+    """The app's runtime once the caller may use it: origin, key, the key's slot, ready."""
     rt = request.app[RUNTIME]
     check_origin(request, rt.config)
-    request[_OWNER] = authenticate(request, rt.config)
+    request[OWNER] = authenticate(request, rt.config)
+    try:
+        rt.take_key_slot(request[OWNER])
+    except RequestError as exc:
+        raise _refusal(exc) from None
+    request[_HOLDS_SLOT] = True
     if not rt.ready:
         code = "draining" if rt.status == "draining" else "overloaded"
         raise error_response(web.HTTPServiceUnavailable, f"not ready: {rt.reason}", code,
@@ -141,7 +166,7 @@ async def _complete(request: web.Request, rt: Runtime, req: CommonRequest,
     choices = plan(prompts, req.n, params, stream.engine_id, echoes)
     try:
         admission = await rt.admit(stream, params.priority, sum(map(len, prompts)), None,
-                                   request[_OWNER])
+                                   request[OWNER])
     except RequestError as exc:
         raise _refusal(exc) from None
     stream.admitted = time.perf_counter()

@@ -13,6 +13,7 @@ import logging
 
 from gateway import params as wire
 from gateway.errors import RequestError
+from gateway.messages import fit_to_context
 from gateway.realtime import events as ev
 from gateway.realtime import server
 from gateway.realtime.conversation import Conversation, new_id
@@ -185,6 +186,10 @@ class RealtimeProtocol:
                                 "already running in this conversation; cancel it first",
                                 event.event_id)
         params = self.params(event.event_id, self.session.params, self._config_params(config))
+        limit = self.rt.config.max_conversation_items
+        if config.input is not None and len(config.input) > limit:
+            raise RealtimeError("too_large", f"response.input: at most {limit} items "
+                                "(max_conversation_items)", event.event_id, "response.input")
         messages = response_messages(self.conversation, config, self.session.system,
                                      event.event_id)
         response = Response(event.event_id, self.conversation_id if in_band else None,
@@ -216,8 +221,11 @@ class RealtimeProtocol:
     async def _run_response(self, stream: Stream, messages: list[dict], params) -> None:
         response: Response = stream.shaper
 
-        async def render(_stream: Stream, max_tokens: int) -> list[int]:
-            return self._fit(messages, max_tokens)
+        async def render(stream: Stream, max_tokens: int) -> list[int]:
+            model = self.rt.model
+            # The oldest non-system messages dropped until the reply fits the context.
+            return await self.rt.tokenize(lambda: fit_to_context(
+                model.encode_chat, messages, max_tokens, model.max_model_len), stream.id)
 
         try:
             await run_request(self.core, stream, render, params, self.session.owner,
@@ -243,14 +251,3 @@ class RealtimeProtocol:
         saved = await asyncio.shield(self._persist(
             response.event_id, lambda: self._forget(response.item_id)))
         return self.conversation.previous_id(at), saved
-
-    def _fit(self, messages: list[dict], max_tokens: int) -> list[int]:
-        """The chat template's tokens, oldest non-system messages dropped until the reply
-        fits the context (a single message that does not fit is the engine's too_large)."""
-        model = self.rt.model
-        first = 1 if messages and messages[0]["role"] == "system" else 0
-        prompt = model.encode_chat(messages)
-        while len(prompt) + max_tokens > model.max_model_len and len(messages) - first > 1:
-            del messages[first]
-            prompt = model.encode_chat(messages)
-        return prompt

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 from aiohttp import hdrs, web
 
-from gateway.errors import error_response
+from gateway.auth import without_keys
+from gateway.errors import RequestError, error_response
 from gateway.runtime import Runtime
 from gateway.sessions.store import SessionStoreUnavailableError
 from gateway.sockets.core import SocketCore, WireProtocol
@@ -38,7 +39,21 @@ async def serve_socket(request: web.Request, rt: Runtime, chosen: str | None,
                        owner: str | None, tag_prefix: str,
                        make_protocol: ProtocolFactory) -> web.WebSocketResponse:
     """Upgrade with the gateway's socket limits, attach the session (`?session_id=`) and
-    serve the protocol `make_protocol` builds until the socket closes."""
+    serve the protocol `make_protocol` builds until the socket closes. The socket counts
+    against its key's max_connections_per_key for its lifetime (429 beyond it)."""
+    try:
+        rt.take_key_slot(owner)
+    except RequestError as exc:
+        raise error_response(web.HTTPTooManyRequests, exc.message, exc.code,
+                             headers={"Retry-After": "1"}) from None
+    try:
+        return await _serve(request, rt, chosen, owner, tag_prefix, make_protocol)
+    finally:
+        rt.give_key_slot(owner)
+
+
+async def _serve(request: web.Request, rt: Runtime, chosen: str | None, owner: str | None,
+                 tag_prefix: str, make_protocol: ProtocolFactory) -> web.WebSocketResponse:
     config = rt.config
     ws = web.WebSocketResponse(heartbeat=config.heartbeat_s,
                                receive_timeout=config.receive_timeout_s,
@@ -57,7 +72,7 @@ async def serve_socket(request: web.Request, rt: Runtime, chosen: str | None,
     ws.headers[SESSION_HEADER] = live.id
     core = None
     try:
-        await ws.prepare(request)
+        await ws.prepare(without_keys(request))
         core = SocketCore(rt, ws, live, tag_prefix)
         protocol = make_protocol(core, resumed)
         rt.connections.add(core)

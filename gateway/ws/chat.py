@@ -2,7 +2,8 @@
 
     accepted:   the question joins the history, the turn becomes the session's active one
     render:     the session saved (a client that saw `done` finds its turn after a hard
-                kill), then the history rendered, oldest turns dropped until the reply fits
+                kill), then the history rendered off the event loop, oldest turns dropped
+                until the reply fits
     before done: the reply joins the history and is saved
     any end:    the turn closes (a turn with no reply drops its question)
 """
@@ -12,6 +13,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from gateway.errors import RequestError
+from gateway.messages import fit_to_context
 from gateway.sockets.requests import run_request
 from gateway.stream import Stream
 from gateway.ws import frames as f
@@ -55,21 +57,15 @@ class ChatTurn:
 
     async def render(self, stream: Stream, max_tokens: int) -> list[int] | None:
         self.started = await self.protocol.save(request_id=stream.id)
-        return self.prompt(max_tokens) if self.started else None
+        if not self.started:
+            return None
+        model = self.protocol.rt.model
+        messages = self.session.chat_messages()
+        # The history fitted to the context, one user turn and its reply dropped at a time.
+        return await self.protocol.rt.tokenize(lambda: fit_to_context(
+            model.encode_chat, messages, max_tokens, model.max_model_len, step=2), stream.id)
 
     async def end(self, stream: Stream) -> None:
         self.ended = True
         self.session.end_turn(stream.text)
         await asyncio.shield(self.protocol.save(request_id=stream.id))
-
-    def prompt(self, max_tokens: int) -> list[int]:
-        """The session's chat rendered, oldest turns dropped until it leaves room for the
-        reply."""
-        model = self.protocol.rt.model
-        messages = self.session.chat_messages()
-        first = 1 if self.session.system else 0
-        prompt = model.encode_chat(messages)
-        while len(prompt) + max_tokens > model.max_model_len and len(messages) - first > 1:
-            del messages[first:first + 2]  # one user turn and its reply
-            prompt = model.encode_chat(messages)
-        return prompt

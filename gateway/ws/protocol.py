@@ -117,17 +117,21 @@ class V1Protocol:
     def _on_generate(self, msg: f.Generate) -> None:
         stream = self.new_stream(msg.id, "generate")
         params = self.params(msg.id, msg.params)
+        limit = self.rt.config.max_conversation_items
+        if msg.messages is not None and len(msg.messages) > limit:
+            raise RequestError("too_large", f"messages: at most {limit} messages "
+                               "(max_conversation_items)", msg.id)
         if msg.messages is not None:
             prompt = [f.message_dict(i, m.role, m.content) for i, m in enumerate(msg.messages)]
         else:
             prompt = msg.prompt
         model = self.rt.model
 
-        async def render(_stream: Stream, _max_tokens: int) -> list[int]:
+        async def render(stream: Stream, _max_tokens: int) -> list[int]:
             if isinstance(prompt, str):
-                return model.encode(prompt)
+                return await self.rt.tokenize(lambda: model.encode(prompt), stream.id)
             if prompt and isinstance(prompt[0], dict):
-                return model.encode_chat(prompt)
+                return await self.rt.tokenize(lambda: model.encode_chat(prompt), stream.id)
             return prompt
 
         self.core.start(stream, run_request(self.core, stream, render, params,

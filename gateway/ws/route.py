@@ -4,25 +4,24 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.auth import BEARER_PREFIX, authenticate, check_origin
+from gateway.auth import authenticate, check_origin
 from gateway.runtime import RUNTIME
 from gateway.sockets.upgrade import offered_subprotocols, serve_socket, unavailable
 from gateway.ws import frames as f
 from gateway.ws.protocol import V1Protocol
 
-# "tokenwire.v1" lets a browser that offers bearer.KEY also offer a protocol we can echo
-# without echoing its key.
+# A browser that sends its key as the subprotocol bearer.KEY also offers "tokenwire.v1",
+# which is echoed: a key is never echoed (the 101 would carry it into logs and proxies),
+# and browsers fail a handshake that offered subprotocols and got none back.
 JSON_SUBPROTOCOL = f.PROTOCOL
 
 
 def choose_subprotocol(offered: list[str]) -> str | None:
-    """msgpack if offered, else tokenwire.v1, else the bearer token itself (browsers fail
-    a handshake that offered subprotocols and got none back)."""
+    """msgpack if offered, else tokenwire.v1, else none."""
     for name in (f.MSGPACK_SUBPROTOCOL, JSON_SUBPROTOCOL):
         if name in offered:
             return name
-    bearer = [o for o in offered if o.startswith(BEARER_PREFIX)]
-    return bearer[0] if bearer else None
+    return None
 
 
 async def ws_handler(request: web.Request) -> web.WebSocketResponse:

@@ -42,7 +42,12 @@ def test_every_gateway_field_has_a_flag():
                  "--default-max-tokens", "9", "--drain-timeout", "10", "--drain-grace", "2",
                  "--reconnect-after", "11", "--max-choices", "12",
                  "--instance-id", "replica-a", "--max-conversation-items", "13",
-                 "--api-key", "a", "--allowed-origins", "http://x, http://y")
+                 "--api-key", "a", "--allowed-origins", "http://x, http://y",
+                 "--insecure-no-auth", "--metrics-port", "9100", "--header-timeout", "3",
+                 "--body-timeout", "4", "--keepalive-timeout", "5", "--max-connections", "6",
+                 "--max-connections-per-ip", "7", "--max-connections-per-key", "8",
+                 "--max-schema-bytes", "999", "--max-schema-depth", "9",
+                 "--render-timeout", "2")
     config = serve.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
     defaults = GatewayConfig()
     unchanged = [f.name for f in dataclasses.fields(GatewayConfig)

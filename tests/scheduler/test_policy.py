@@ -196,8 +196,10 @@ def test_config_validation_names_the_field(kwargs, field):
 
 
 def test_scheduler_loads_no_torch():
-    """Policy code (and the ConfigError it shares with the engine) imports without torch."""
-    code = ("import sys, scheduler.admission, scheduler.metrics, scheduler.mailbox, "
-            "engine.errors; assert 'torch' not in sys.modules, 'torch was imported'")
+    """Policy code, the door and the model slot (an engine is loaded only when one is
+    built), and the ConfigError every layer shares import without torch."""
+    code = ("import sys, scheduler.admission, scheduler.metrics, scheduler.door, "
+            "scheduler.models, common.errors, engine.errors; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True,
                    cwd=Path(__file__).resolve().parents[2])

@@ -86,7 +86,7 @@ async def test_key_token_budget_and_metrics(server):
         spent = await a.generate("a2", long_prompt, TOKENS)
         other = await b.generate("b1", long_prompt, TOKENS)
         await asyncio.wait_for(asyncio.gather(spent.done.wait(), other.done.wait()), 120)
-        metrics = await scrape(session, url)
+        metrics = await scrape(session, url, key="key-a")  # with keys on, /metrics needs one
         await a.__aexit__()
         await b.__aexit__()
     assert first.finish_reason == "length"
@@ -109,9 +109,11 @@ async def test_key_token_budget_and_metrics(server):
     assert metrics["tokenwire_process_resident_memory_bytes"] > 50 * 2**20
 
 
-async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+async def scrape(session: aiohttp.ClientSession, url: str,
+                 key: str | None = None) -> dict[str, float]:
     """/metrics as {name or name{labels}: value}."""
-    async with session.get(url + "/metrics") as resp:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with session.get(url + "/metrics", headers=headers) as resp:
         assert resp.status == 200
         text = await resp.text()
     values = {}
