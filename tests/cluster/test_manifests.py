@@ -169,7 +169,7 @@ def test_network_policies_admit_only_who_must_connect():
                         [{"protocol": "TCP", "port": 8000}])
     for peer, ports in peers[1:]:  # the metrics scraper: one namespace's named pods only
         assert set(peer) == {"namespaceSelector", "podSelector"}, peer
-        assert ports == [{"protocol": "TCP", "port": 8000}]
+        assert ports == [{"protocol": "TCP", "port": 9100}]  # --metrics-port alone
 
 
 def test_only_haproxy_is_public():
