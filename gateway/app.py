@@ -199,7 +199,7 @@ async def ready(request: web.Request) -> web.Response:
     reason = rt.reason if not rt.ready else ("overloaded" if rt.scheduler.overloaded() else "")
     if rt.status == "ready" and not rt.ready:
         reason = "engine loop stopped"
-    if not reason and not rt.sessions.healthy:
+    if not reason and rt.sessions.blocks_readiness:
         reason = "session store unavailable"
     if reason:
         return web.json_response({"ready": False, "reason": reason}, status=503,

@@ -108,6 +108,8 @@ return {1, expected + 1}
 class RedisSessionStore:
     """The SessionStore of `config.url` (redis:// or rediss://), asyncio all the way."""
 
+    shared = True  # every replica uses it: an outage hits them all alike
+
     def __init__(self, config: SessionStoreConfig, *, clock: Clock = time.time):
         self.config = config
         self._clock = clock

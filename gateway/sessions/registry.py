@@ -61,6 +61,14 @@ class SessionRegistry:
             self._probe = asyncio.ensure_future(self._probe_store())
         return healthy
 
+    @property
+    def blocks_readiness(self) -> bool:
+        """Whether the store's fault should take this replica out of rotation: only when the
+        store is its own (a SQLite file), which other replicas can do without. A shared
+        store (Redis) that is down is down for every replica alike; taking them all out
+        would also stop what needs no store (generate, the HTTP API)."""
+        return not self.healthy and not self.store.shared
+
     async def _probe_store(self) -> None:
         try:
             await self.store.probe()

@@ -96,10 +96,14 @@ _NO_LIMIT = 1 << 62  # a quota that is off
 class SqliteSessionStore:
     """Sessions in one SQLite file (WAL), every call on a single dedicated thread.
 
+    `shared` False: the file is this replica's, so a fault of it is this replica's alone.
+
     WAL with synchronous=NORMAL keeps every committed save across a crash of the
     process (kill -9); only a power loss may drop the last few commits. `limits` are
     SessionStoreConfig fields (ttl_s, max_sessions, timeout_s, ...).
     """
+
+    shared = False
 
     def __init__(self, path: str | Path, *, clock: Clock = time.time, **limits):
         self.config = SessionStoreConfig("sqlite://" + str(path), **limits)

@@ -116,6 +116,8 @@ class SessionStore(Protocol):
         """False while the last call failed as unavailable and no later call succeeded."""
         ...
 
+    shared: bool  # whether other replicas use the same store (Redis) or not (a file)
+
     async def probe(self) -> None:
         """One cheap call that updates `healthy` (raises SessionStoreUnavailableError)."""
         ...
@@ -233,6 +235,7 @@ class MemorySessionStore:
     """Sessions in a dict, stored as JSON so callers never share mutable state with it."""
 
     healthy = True  # nothing here can fail
+    shared = False
 
     def __init__(self, *, clock: Clock = time.time, **limits):
         self.config = SessionStoreConfig("memory:", **limits)

@@ -122,6 +122,8 @@ async def _outage(http, server, redis, clients, gen_ends, redis_down, outage) ->
     seen = {"update": update, "resume": await _resume_status(http, server, idle)}
     async with http.get(server.http_url + "/health") as resp:
         seen["health"] = resp.status
+    async with http.get(server.http_url + "/ready") as resp:  # Redis is every replica's:
+        seen["ready"] = resp.status  # its outage takes none out of rotation
     redis_down.clear()
     redis.start()
     return seen
@@ -169,7 +171,7 @@ async def test_redis_outage_mid_load(spawn, tmp_path, figures):
     assert seen["update"]["code"] == "store_unavailable", seen
     assert seen["resume"][0] == 503 and seen["resume"][1]["error"]["code"] == (
         "store_unavailable"), seen
-    assert seen["health"] == 200
+    assert seen["health"] == 200 and seen["ready"] == 200
     for c, live, record in zip(clients, histories, stored):
         assert [m["content"] for m in live if m["role"] == "user"] == c.sent
         assert [m["role"] for m in live] == ["user", "assistant"] * TURNS
