@@ -32,16 +32,9 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from gateway.sessions.store import (
-    Clock,
-    SessionConflictError,
-    SessionRecord,
-    SessionStoreConfig,
-    SessionStoreUnavailableError,
-    decode_record,
-    encode_record,
-    owner_key,
-)
+from gateway.sessions.store import (Clock, SessionConflictError, SessionRecord,
+                                    SessionStoreConfig, SessionStoreUnavailableError,
+                                    decode_record, encode_record, owner_key)
 
 log = logging.getLogger(__name__)
 PREFIX = "tokenwire:"
