@@ -69,6 +69,7 @@ class AsyncEngine:
 
     def __init__(self, config: EngineConfig | None = None, core: EngineCore | None = None):
         self.core = core or EngineCore(config or EngineConfig())
+        self.core.grammars.prepare()  # here, where the server loads: not on a first schema
         self._mailboxes: dict[str, Mailbox] = {}
         self._inbox: list[Command] = []
         self._wake = threading.Condition()
