@@ -84,6 +84,12 @@ class GatewayConfig:
     metrics_port: int | None = setting(None, "also serve /metrics, without a key, on this "
                                        "port of the same host (bind it where only your "
                                        "monitoring reaches)")
+    ssl_certfile: str | None = setting(None, "PEM certificate (chain) to serve HTTPS and "
+                                       "wss:// on --port; its key too, unless "
+                                       "--ssl-keyfile is given")
+    ssl_keyfile: str | None = setting(None, "PEM private key of --ssl-certfile")
+    ssl_ca_certs: str | None = setting(None, "PEM CA certificates: with it, a client must "
+                                       "present a certificate they signed (mutual TLS)")
     instance_id: str = setting("", "this replica's name in hello.instance (default: "
                                "hostname:port)")
     key_hashes: frozenset[str] = field(init=False, repr=False)
@@ -107,6 +113,9 @@ class GatewayConfig:
                      "keepalive_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, "must be > 0")
+        if self.ssl_certfile is None and (self.ssl_keyfile or self.ssl_ca_certs):
+            raise ConfigError("ssl_certfile", "--ssl-keyfile and --ssl-ca-certs need "
+                              "--ssl-certfile")
         if self.receive_timeout_s is not None and not self.receive_timeout_s > 0:
             raise ConfigError("receive_timeout_s", "must be > 0 or None")
         if self.default_max_tokens > self.max_tokens_cap:
@@ -123,6 +132,10 @@ class GatewayConfig:
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def tls(self) -> bool:
+        return self.ssl_certfile is not None
 
 
 def is_loopback(host: str) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -24,10 +25,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
-    """(status, body); status 0 when nothing answered."""
+def http_get(url: str, timeout: float = 5.0,
+             context: ssl.SSLContext | None = None) -> tuple[int, str]:
+    """(status, body); status 0 when nothing answered. `context`: the TLS client context
+    of an https:// URL."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, ""
@@ -49,17 +52,21 @@ def stop_process(proc: subprocess.Popen | None, grace_s: float) -> None:
 
 class ServerProcess:
     """Starts `python -m gateway.cli serve ARGS --port P` and waits until /ready answers 200.
+    With `tls` (a client context that trusts the server's certificate) it speaks https://
+    and wss:// to a server started with --ssl-certfile.
 
     The server's log goes to a temporary file (a pipe nobody reads would fill and block
     it); its tail is in the error when the server dies or never becomes ready.
     """
 
-    def __init__(self, serve_args: list[str], ready_timeout_s: float = 600.0):
+    def __init__(self, serve_args: list[str], ready_timeout_s: float = 600.0,
+                 tls: ssl.SSLContext | None = None):
         self.serve_args = list(serve_args)
         self.ready_timeout_s = ready_timeout_s
+        self.tls = tls
         self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/ws"
+        self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.ws_url = f"{'wss' if tls else 'ws'}://127.0.0.1:{self.port}/v1/ws"
         self.proc: subprocess.Popen | None = None
         self._log = tempfile.TemporaryFile()
 
@@ -68,10 +75,10 @@ class ServerProcess:
                "--port", str(self.port), "--log-level", "WARNING", *self.serve_args]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.ready_timeout_s
-        while http_get(f"{self.base}/ready", timeout=2.0)[0] != 200:
+        while http_get(f"{self.base}/ready", 2.0, self.tls)[0] != 200:
             # /health answers 503 only once loading has failed (or the engine died): the
             # process stays up to say so, and would never become ready
-            failed = http_get(f"{self.base}/health", timeout=2.0)[0] == 503
+            failed = http_get(f"{self.base}/health", 2.0, self.tls)[0] == 503
             if failed or self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"tokenwire serve did not become ready:\n{self.log_tail()}")

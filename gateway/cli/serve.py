@@ -13,6 +13,7 @@ from pathlib import Path
 
 from common.errors import ConfigError
 from gateway.cli.flags import add_config_flags, config_values
+from gateway.cli.tls import server_ssl_context
 from gateway.config import GatewayConfig
 from gateway.sessions.store import SessionStoreConfig
 from scheduler.config import SchedulerConfig
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         engine_cfg = engine_config(args)
         sched_cfg = scheduler_config(args)
         store_cfg = session_store_config(args, dict(os.environ))
+        tls = server_ssl_context(config)
         from engine.llm import set_num_threads  # loads torch: only once the flags are good
 
         set_num_threads(args.num_threads)
@@ -108,4 +110,4 @@ def run(args: argparse.Namespace) -> int:
 
     from gateway.cli.server import exit_now, serve
 
-    exit_now(uvloop.run(serve(config, engine_cfg, sched_cfg, store_cfg)))
+    exit_now(uvloop.run(serve(config, engine_cfg, sched_cfg, store_cfg, tls)))

@@ -13,11 +13,13 @@ import logging
 import os
 import re
 import signal
+import ssl
 
 from aiohttp import web
 
 from engine.config import EngineConfig
 from gateway.app import build_app, build_metrics_app, drain, make_runner
+from gateway.cli.tls import TLSSite
 from gateway.config import GatewayConfig, is_loopback
 from gateway.sessions.factory import make_session_store
 from gateway.sessions.store import SessionStoreConfig
@@ -56,15 +58,16 @@ def freeze_startup_heap() -> None:
 
 
 async def serve(config: GatewayConfig, engine_cfg: EngineConfig, sched_cfg: SchedulerConfig,
-                store_cfg: SessionStoreConfig) -> int:
-    """Serve until SIGTERM/SIGINT (then drain) or the engine's death (then status 1)."""
+                store_cfg: SessionStoreConfig, tls: ssl.SSLContext | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (then drain) or the engine's death (then status 1);
+    HTTPS and wss:// on config.port with `tls`."""
     model = ModelSlot(config=engine_cfg, on_ready=freeze_startup_heap)
     log.info("sessions in %s", re.sub(r"//[^@/]*@", "//", store_cfg.url))  # no password
     # The app owns the store from here: its cleanup closes it.
     app = build_app(config, Scheduler(sched_cfg, model), make_session_store(store_cfg))
-    runners = await _listen(app, config)
-    log.info("listening on http://%s:%d (model %s loading)", config.host, config.port,
-             engine_cfg.model)
+    runners = await _listen(app, config, tls)
+    log.info("listening on %s://%s:%d (model %s loading)", "https" if tls else "http",
+             config.host, config.port, engine_cfg.model)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -78,20 +81,24 @@ async def serve(config: GatewayConfig, engine_cfg: EngineConfig, sched_cfg: Sche
     return await _drain_and_stop(app, runners, config, stop)
 
 
-async def _listen(app: web.Application, config: GatewayConfig) -> list[web.AppRunner]:
-    """The app on host:port, and /metrics alone on --metrics-port when given."""
+async def _listen(app: web.Application, config: GatewayConfig,
+                  tls: ssl.SSLContext | None) -> list[web.AppRunner]:
+    """The app on host:port (over TLS with `tls`), and /metrics alone on --metrics-port
+    when given, in plain HTTP, as Prometheus scrapes it on the monitoring network."""
     if config.insecure_no_auth and not config.api_keys and not is_loopback(config.host):
         log.warning("serving %s without API keys (--insecure-no-auth): anyone who reaches "
                     "it may use it", config.host)
     runners = [make_runner(app)]
-    sites = [(runners[0], config.port)]
+    sites = [(runners[0], config.port, tls)]
     if config.metrics_port is not None:
         runners.append(web.AppRunner(build_metrics_app(app), handle_signals=False,
                                      access_log=None))
-        sites.append((runners[1], config.metrics_port))
-    for runner, port in sites:
+        sites.append((runners[1], config.metrics_port, None))
+    for runner, port, context in sites:
         await runner.setup()
-        await web.TCPSite(runner, config.host, port).start()
+        site = web.TCPSite(runner, config.host, port) if context is None else \
+            TLSSite(runner, config.host, port, context, config.header_timeout_s)
+        await site.start()
     return runners
 
 
