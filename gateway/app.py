@@ -26,6 +26,7 @@ from gateway import openai
 from gateway.auth import AccessLog, authenticate
 from gateway.config import GatewayConfig
 from gateway.metrics import Metrics
+from gateway.realtime.client_secrets import create_client_secret
 from gateway.realtime.route import realtime_handler
 from gateway.runtime import RUNTIME, Runtime
 from gateway.sessions.registry import SessionRegistry
@@ -65,6 +66,7 @@ def _routes(router: web.UrlDispatcher) -> None:
     router.add_get("/metrics", metrics)
     router.add_get("/v1/ws", ws_handler)
     router.add_get("/v1/realtime", realtime_handler)
+    router.add_post("/v1/realtime/client_secrets", create_client_secret)
     router.add_get("/v1/models", openai.models)
     router.add_post("/v1/chat/completions", openai.chat_completions)
     router.add_post("/v1/completions", openai.completions)

@@ -1,12 +1,14 @@
 """API keys and Origin checks, done before any WebSocket upgrade or completion.
 
 Keys are compared by their SHA-256 (the stored set holds hashes only), which also makes
-the comparison's timing independent of the key. The hash is the owner of sessions.
+the comparison's timing independent of the key. The hash is the owner of sessions. On
+the socket endpoints an ephemeral client secret (gateway/tokens.py) acts as its key.
 """
 from __future__ import annotations
 
 import json
 import logging
+import time
 from urllib.parse import urlsplit
 
 from aiohttp import hdrs, web
@@ -14,6 +16,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from gateway.config import GatewayConfig, is_loopback, key_hash
 from gateway.errors import error_response
+from gateway.tokens import ClientSecrets, TokenRefused, is_token
 
 log = logging.getLogger(__name__)
 # The caller's key hash once authenticated (None without auth): its owner id, for the
@@ -77,20 +80,28 @@ def _allowed(origin: str, host: str, allowed: tuple[str, ...]) -> bool:
 
 
 def authenticate(request: web.Request, config: GatewayConfig,
-                 offered_protocols: list[str] = ()) -> str | None:
+                 offered_protocols: list[str] = (),
+                 tokens: ClientSecrets | None = None) -> str | None:
     """The owner (hash of the caller's key), None without auth, or 401 before any upgrade.
-    The owner is also kept on the request (OWNER). A refusal is logged with its reason,
-    never with the key tried."""
+    With `tokens` (the socket endpoints only) an ephemeral client secret stands for the
+    key that minted it. The owner is also kept on the request (OWNER). A refusal is
+    logged with its reason, never with the key or token tried."""
     request[OWNER] = None
     if not config.auth_enabled:
         return None
     keys = [request.headers.get(hdrs.AUTHORIZATION, "").removeprefix("Bearer ").strip()]
     keys += [p[len(BEARER_PREFIX):] for p in offered_protocols if p.startswith(BEARER_PREFIX)]
+    reason = "an API key that is not accepted" if any(keys) else "no API key"
     for key in keys:
         if key and key_hash(key) in config.key_hashes:
             request[OWNER] = key_hash(key)
             return request[OWNER]
-    log.info("refused %s %s: %s", request.method, request.path,
-             "an API key that is not accepted" if any(keys) else "no API key")
+        if tokens is not None and is_token(key):
+            try:
+                request[OWNER] = tokens.owner(key, time.time())
+                return request[OWNER]
+            except TokenRefused as exc:
+                reason = str(exc)
+    log.info("refused %s %s: %s", request.method, request.path, reason)
     raise error_response(web.HTTPUnauthorized, "missing or invalid API key", "unauthorized",
                          headers={"WWW-Authenticate": "Bearer"})

@@ -90,6 +90,15 @@ class GatewayConfig:
     ssl_keyfile: str | None = setting(None, "PEM private key of --ssl-certfile")
     ssl_ca_certs: str | None = setting(None, "PEM CA certificates: with it, a client must "
                                        "present a certificate they signed (mutual TLS)")
+    client_secret_ttl_s: int = setting(600, "seconds an ephemeral client secret (POST "
+                                       "/v1/realtime/client_secrets) lives when the "
+                                       "request names none", flag="--client-secret-ttl")
+    client_secret_max_ttl_s: int = setting(7200, "longest lifetime a client secret may "
+                                           "ask for", flag="--client-secret-max-ttl")
+    client_secret_key: str = setting("", "HMAC key that signs client secrets; replicas "
+                                     "behind one balancer need the same (also "
+                                     "TOKENWIRE_CLIENT_SECRET_KEY; default: random per "
+                                     "process)", metavar="S")
     instance_id: str = setting("", "this replica's name in hello.instance (default: "
                                "hostname:port)")
     key_hashes: frozenset[str] = field(init=False, repr=False)
@@ -106,8 +115,14 @@ class GatewayConfig:
                      "default_max_tokens", "reconnect_after_ms", "max_choices",
                      "max_conversation_items", "max_schema_bytes", "max_schema_depth",
                      "max_connections_total", "max_connections_per_ip",
-                     "max_connections_per_key"):
+                     "max_connections_per_key", "client_secret_ttl_s",
+                     "client_secret_max_ttl_s"):
             _positive(name, getattr(self, name))
+        if self.client_secret_ttl_s > self.client_secret_max_ttl_s:
+            raise ConfigError("client_secret_ttl_s", "must not exceed client_secret_max_ttl_s")
+        if self.client_secret_key and len(self.client_secret_key) < 32:
+            raise ConfigError("client_secret_key", "must be at least 32 characters (say, "
+                              "openssl rand -hex 32)")
         for name in ("heartbeat_s", "send_timeout_s", "drain_timeout_s", "drain_grace_s",
                      "render_timeout_s", "header_timeout_s", "body_timeout_s",
                      "keepalive_timeout_s"):

@@ -19,6 +19,7 @@ from gateway.errors import RequestError
 from gateway.metrics import Metrics
 from gateway.sessions.registry import SessionRegistry
 from gateway.stream import Stream
+from gateway.tokens import ClientSecrets
 from scheduler.door import Admission, Ask, Scheduler
 from scheduler.models import FAILED, ModelSlot
 from scheduler.ticket import InvalidAdmission, Rejected
@@ -40,6 +41,10 @@ class Runtime:
     http_streams: set = field(default_factory=set)  # running HTTP completions
     # open sockets and HTTP requests per API key (its hash)
     key_holds: collections.Counter = field(default_factory=collections.Counter)
+    tokens: ClientSecrets = field(init=False)  # ephemeral client secrets of the keys
+
+    def __post_init__(self):
+        self.tokens = ClientSecrets(self.config.client_secret_key, self.config.key_hashes)
 
     @property
     def model(self) -> ModelSlot:

@@ -1,4 +1,5 @@
-"""`tokenwire serve`: flags -> the four configs (plus TOKENWIRE_API_KEYS), then the server.
+"""`tokenwire serve`: flags -> the four configs (plus TOKENWIRE_API_KEYS and
+TOKENWIRE_CLIENT_SECRET_KEY), then the server.
 
 Every field of GatewayConfig, SessionStoreConfig, SchedulerConfig and EngineConfig is a
 flag generated from the dataclass (gateway/cli/flags.py), so no limit lacks one; the few
@@ -47,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def gateway_config(args: argparse.Namespace, environ: dict) -> GatewayConfig:
     values = config_values(args, GatewayConfig)
     values["api_keys"] = tuple(_api_keys(args, environ))
+    if "client_secret_key" not in values and environ.get("TOKENWIRE_CLIENT_SECRET_KEY"):
+        values["client_secret_key"] = environ["TOKENWIRE_CLIENT_SECRET_KEY"].strip()
     return GatewayConfig(**values)
 
 

@@ -23,7 +23,7 @@ async def realtime_handler(request: web.Request) -> web.WebSocketResponse:
     check_origin(request, rt.config)
     offered = offered_subprotocols(request)
     keys = [BEARER_PREFIX + o[len(KEY_PREFIX):] for o in offered if o.startswith(KEY_PREFIX)]
-    owner = authenticate(request, rt.config, keys)
+    owner = authenticate(request, rt.config, keys, rt.tokens)
     if not rt.ready:
         raise unavailable(rt)
     chosen = SUBPROTOCOL if SUBPROTOCOL in offered else None

@@ -28,7 +28,7 @@ async def ws_handler(request: web.Request) -> web.WebSocketResponse:
     rt = request.app[RUNTIME]
     check_origin(request, rt.config)
     offered = offered_subprotocols(request)
-    owner = authenticate(request, rt.config, offered)
+    owner = authenticate(request, rt.config, offered, rt.tokens)
     if not rt.ready:
         raise unavailable(rt)
     chosen = choose_subprotocol(offered)

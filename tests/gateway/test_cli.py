@@ -48,7 +48,9 @@ def test_every_gateway_field_has_a_flag():
                  "--max-connections-per-ip", "7", "--max-connections-per-key", "8",
                  "--max-schema-bytes", "999", "--max-schema-depth", "9",
                  "--render-timeout", "2", "--access-log", "--ssl-certfile", "c.pem",
-                 "--ssl-keyfile", "k.pem", "--ssl-ca-certs", "ca.pem")
+                 "--ssl-keyfile", "k.pem", "--ssl-ca-certs", "ca.pem",
+                 "--client-secret-ttl", "60", "--client-secret-max-ttl", "120",
+                 "--client-secret-key", "k" * 32)
     config = serve.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
     defaults = GatewayConfig()
     unchanged = [f.name for f in dataclasses.fields(GatewayConfig)
@@ -56,6 +58,13 @@ def test_every_gateway_field_has_a_flag():
     assert unchanged == []
     assert config.api_keys == ("a", "b", "c")
     assert config.allowed_origins == ("http://x", "http://y")
+
+
+def test_the_client_secret_key_comes_from_the_environment_unless_given():
+    env = {"TOKENWIRE_CLIENT_SECRET_KEY": "e" * 40}
+    assert serve.gateway_config(parse(), env).client_secret_key == "e" * 40
+    given = parse("--client-secret-key", "f" * 32)
+    assert serve.gateway_config(given, env).client_secret_key == "f" * 32
 
 
 def test_each_setting_has_one_owner_and_one_flag():
