@@ -86,7 +86,7 @@ class AdmissionController:
 
         Never awaits: the answer comes from counters and the latest signal samples.
         """
-        self._check_args(kind, priority, prompt_tokens)
+        self._check_args(kind, priority, prompt_tokens, api_key)
         now = self.clock()
         signals = self.signals()
         self._update_overload(signals)
@@ -174,13 +174,19 @@ class AdmissionController:
         self._overload = overload_cause(signals, self.config, self._overload is not None)
 
     # -- queue and accounting -------------------------------------------------------------
-    def _check_args(self, kind: str, priority: int, prompt_tokens: int) -> None:
+    def _check_args(self, kind: str, priority: int, prompt_tokens: int,
+                    api_key: str | None) -> None:
         if kind not in KINDS:
             raise InvalidAdmission("kind", f"must be one of {KINDS}")
         c = self.config
         if not isinstance(priority, int) or not c.priority_min <= priority <= c.priority_max:
             raise InvalidAdmission("priority", f"must be an integer in "
                                                f"[{c.priority_min}, {c.priority_max}]")
+        # Refused, not clamped: a client that asked for more than it may have is told so
+        # rather than served at a priority it did not ask for.
+        if priority > (cap := c.priority_cap(api_key)):
+            raise InvalidAdmission("priority", f"at most {cap} for this API key "
+                                               "(max_client_priority, key_max_priority)")
         if not isinstance(prompt_tokens, int) or prompt_tokens < 0:
             raise InvalidAdmission("prompt_tokens", "must be a non-negative integer")
 

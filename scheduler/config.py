@@ -1,7 +1,8 @@
 """SchedulerConfig: every admission and backpressure limit in one frozen dataclass."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 from common.errors import ConfigError
 from common.settings import setting
@@ -43,6 +44,18 @@ class SchedulerConfig:
     # `priority` request param: higher runs first, within these bounds.
     priority_min: int = -100
     priority_max: int = 100
+    # What a client may ask for: 0 is a request's priority when it names none, so by
+    # default a client may lower its own requests but not put them ahead of others'.
+    max_client_priority: int = setting(0, "highest `priority` a request may ask for "
+                                       "(invalid_request naming it beyond); the default, "
+                                       "0, is what a request naming none gets")
+    key_max_priority: tuple[str, ...] = setting((), "KEY_ID=N: the highest `priority` of "
+                                                "one API key, by its id (the first 12 hex "
+                                                "characters of the key's SHA-256, as the "
+                                                "access log shows it); repeatable",
+                                                repeat=True, metavar="KEY_ID=N")
+    # key id -> its cap, from key_max_priority
+    key_priority_caps: dict = field(init=False, repr=False, compare=False)
     # Signals.
     nvml_interval_s: float = 1.0
     drain_window_s: float = 10.0  # time constant of the drain-rate EWMA
@@ -74,6 +87,12 @@ class SchedulerConfig:
         _pair("gpu_memory", self.gpu_memory_enter, self.gpu_memory_leave)
         if self.priority_min > self.priority_max:
             raise ConfigError("priority_min", "must not exceed priority_max")
+        object.__setattr__(self, "key_priority_caps", self._key_caps())
+        caps = {"max_client_priority": [self.max_client_priority],
+                "key_max_priority": list(self.key_priority_caps.values())}
+        for name, values in caps.items():
+            if any(not self.priority_min <= cap <= self.priority_max for cap in values):
+                raise ConfigError(name, "must lie in [priority_min, priority_max]")
         if self.initial_drain_rps is not None and not self.initial_drain_rps > 0:
             raise ConfigError("initial_drain_rps", "must be positive or None")
         for name in ("nvml_interval_s", "drain_window_s", "ttft_bound_s"):
@@ -82,6 +101,23 @@ class SchedulerConfig:
         if not 0 < self.retry_after_min_ms <= self.retry_after_max_ms:
             raise ConfigError("retry_after_min_ms",
                               "must be positive and at most retry_after_max_ms")
+
+    def priority_cap(self, api_key: str | None) -> int:
+        """The highest priority the owner of `api_key` (its SHA-256 hex, None without
+        auth) may ask for."""
+        if api_key is None:
+            return self.max_client_priority
+        return self.key_priority_caps.get(api_key[:12], self.max_client_priority)
+
+    def _key_caps(self) -> dict[str, int]:
+        caps = {}
+        for item in self.key_max_priority:
+            match = re.fullmatch(r"([0-9a-f]{12})=(-?\d+)", item.strip().lower())
+            if match is None:
+                raise ConfigError("key_max_priority", f"{item!r} is not KEY_ID=N (KEY_ID: "
+                                  "the first 12 hex characters of the key's SHA-256)")
+            caps[match.group(1)] = int(match.group(2))
+        return caps
 
     @property
     def generate_waiting_limit(self) -> int:

@@ -166,7 +166,8 @@ def valid_request(draw) -> dict:
                 "top_k": st.integers(-1, 50), "min_p": st.floats(0, 0.5),
                 "repetition_penalty": st.floats(0.5, 2), "presence_penalty": st.floats(-2, 2),
                 "frequency_penalty": st.floats(-2, 2), "seed": st.integers(0, 2**63 - 1),
-                "priority": st.integers(-100, 100), "ignore_eos": st.booleans(),
+                # above 0 a client may not go (--max-client-priority): invalid_request
+                "priority": st.integers(-100, 0), "ignore_eos": st.booleans(),
                 "stop": st.text(min_size=1, max_size=4)}
     for name in draw(st.lists(st.sampled_from(sorted(optional)), max_size=4, unique=True)):
         params[name] = draw(optional[name])

@@ -3,6 +3,7 @@ import asyncio
 
 import pytest
 
+from common.errors import ConfigError
 from engine.outputs import EngineStats
 from scheduler.admission import AdmissionController
 from scheduler.ticket import InvalidAdmission, Rejected
@@ -35,7 +36,7 @@ def make(**kw):
 
 
 async def test_slots_then_queue_then_grant_in_priority_order():
-    ctl, clock, _ = make()
+    ctl, clock, _ = make(max_client_priority=9)
     running = [ctl.try_admit("generate") for _ in range(2)]
     assert all(t.state == "running" for t in running)
     bulk = ctl.try_admit("generate", priority=5)
@@ -239,3 +240,21 @@ async def test_busy_time_counts_up_to_now():
     assert ctl.signals().drain_rps is not None
     ctl.try_admit("generate")  # queued on the measured rate, not refused as unknown
     assert ctl.num_waiting == 1
+
+
+async def test_priority_is_capped_per_key():
+    """Above max_client_priority (0: a request that names none) is refused, naming the
+    field; key_max_priority raises the cap for one key, by its id (its hash's first 12)."""
+    trusted = "0123456789ab" + "f" * 52
+    ctl, _, _ = make(key_max_priority=("0123456789AB=50",))
+    for api_key in (None, "e" * 64):
+        with pytest.raises(InvalidAdmission, match="priority: at most 0 for this API key"):
+            ctl.try_admit("generate", priority=1, api_key=api_key)
+        ctl.try_admit("generate", priority=-3, api_key=api_key)
+    ctl.try_admit("generate", priority=50, api_key=trusted)
+    with pytest.raises(InvalidAdmission, match="at most 50"):
+        ctl.try_admit("generate", priority=51, api_key=trusted)
+    with pytest.raises(ConfigError, match="key_max_priority"):
+        SchedulerConfig(key_max_priority=("not-a-key-id=5",))
+    with pytest.raises(ConfigError, match="max_client_priority"):
+        SchedulerConfig(max_client_priority=101)

@@ -33,7 +33,7 @@ async def test_chat_first_then_priority_then_arrival(server):
     # A bound no estimate reaches: this test is about grant order, not refusals (on a
     # loaded box the drain rate measured from one request makes a 4-deep queue look slow).
     sched = SchedulerConfig(max_running_requests=1, ttft_bound_s=3600.0,
-                            priority_min=-10, priority_max=10)
+                            priority_min=-10, priority_max=10, max_client_priority=10)
     url, app = server.start_app(sched)
     controller = server.runtime(app).scheduler.admission
     async with aiohttp.ClientSession() as session:
