@@ -22,7 +22,7 @@ from pathlib import Path
 from aiohttp import WSCloseCode, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway import openai
+from gateway import openai, responses
 from gateway.auth import AccessLog, authenticate
 from gateway.config import GatewayConfig
 from gateway.metrics import Metrics
@@ -68,6 +68,7 @@ def _routes(router: web.UrlDispatcher) -> None:
     router.add_get("/v1/models", openai.models)
     router.add_post("/v1/chat/completions", openai.chat_completions)
     router.add_post("/v1/completions", openai.completions)
+    responses.add_routes(router)
 
 
 def make_runner(app: web.Application, **kwargs) -> web.AppRunner:
