@@ -163,3 +163,20 @@ async def test_store_false_is_not_kept(client):
     resp = await client.responses.create(model="default", input="Hi.", store=False, **FAST)
     with pytest.raises(openai.NotFoundError):
         await client.responses.retrieve(resp.id)
+
+
+async def test_a_response_belongs_to_its_key(server):
+    url = server.start_app(api_keys=("key-one", "key-two"))
+    one = AsyncOpenAI(base_url=url + "/v1", api_key="key-one", max_retries=0)
+    two = AsyncOpenAI(base_url=url + "/v1", api_key="key-two", max_retries=0)
+    resp = await one.responses.create(model="default", input="Hi.", **FAST)
+    assert (await one.responses.retrieve(resp.id)).id == resp.id
+    with pytest.raises(openai.NotFoundError):
+        await two.responses.retrieve(resp.id)
+    with pytest.raises(openai.NotFoundError):
+        await two.responses.delete(resp.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await two.responses.create(model="default", input="Hi.",
+                                   previous_response_id=resp.id, **FAST)
+    assert refused.value.code == "previous_response_not_found"
+    assert (await one.responses.input_items.list(resp.id)).data
