@@ -55,6 +55,7 @@ def build_app(config: GatewayConfig, scheduler: Scheduler,
     app.cleanup_ctx.extend([_store, _scheduler, _model, _watcher])
     app.on_shutdown.append(close_sockets)
     _routes(app.router)
+    responses.setup(app)
     return app
 
 
@@ -68,7 +69,6 @@ def _routes(router: web.UrlDispatcher) -> None:
     router.add_get("/v1/models", openai.models)
     router.add_post("/v1/chat/completions", openai.chat_completions)
     router.add_post("/v1/completions", openai.completions)
-    responses.add_routes(router)
 
 
 def make_runner(app: web.Application, **kwargs) -> web.AppRunner:

@@ -50,6 +50,9 @@ class GatewayConfig:
     max_conversation_items: int = setting(1024, "items one /v1/realtime conversation may "
                                           "hold, and messages one request may send "
                                           "(response.input, generate, chat completions)")
+    background_log_s: float = setting(600.0, "seconds a finished background response's "
+                                      "events stay resumable (?stream=true) on its replica",
+                                      flag="--background-log-time")
     header_timeout_s: float = setting(10.0, "seconds a client may take to send a request's "
                                       "line and headers (slowloris)",
                                       flag="--header-timeout")
@@ -104,7 +107,7 @@ class GatewayConfig:
             _positive(name, getattr(self, name))
         for name in ("heartbeat_s", "send_timeout_s", "drain_timeout_s", "drain_grace_s",
                      "render_timeout_s", "header_timeout_s", "body_timeout_s",
-                     "keepalive_timeout_s"):
+                     "keepalive_timeout_s", "background_log_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, "must be > 0")
         if self.receive_timeout_s is not None and not self.receive_timeout_s > 0:

@@ -6,8 +6,9 @@
     stored.py    stored responses, in the session store
     run.py       prepare (all checks, before admission), generate, finish (store)
     answer.py    one JSON Response, or Server-Sent Events
+    background.py  background: true runs, their event logs, cancel
     routes.py    the HTTP handlers
 """
-from gateway.responses.routes import add_routes, create, delete, input_items, retrieve
+from gateway.responses.routes import add_routes, create, delete, input_items, retrieve, setup
 
-__all__ = ["add_routes", "create", "delete", "input_items", "retrieve"]
+__all__ = ["add_routes", "create", "delete", "input_items", "retrieve", "setup"]

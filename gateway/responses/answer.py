@@ -78,5 +78,22 @@ async def sse(request: web.Request, rt: Runtime, admission: Admission, prepared:
 
 async def _write(sink: _Sink, shape, event: dict) -> None:
     shape.stamp(event)
-    await sink.write(f"event: {event['type']}\ndata: ".encode()
-                     + json.dumps(event, ensure_ascii=False).encode() + b"\n\n")
+    await sink.write(_frame(event))
+
+
+def _frame(event: dict) -> bytes:
+    return (f"event: {event['type']}\ndata: ".encode()
+            + json.dumps(event, ensure_ascii=False).encode() + b"\n\n")
+
+
+async def follow(request: web.Request, rt: Runtime, log, after: int) -> web.StreamResponse:
+    """A background run's events after sequence number `after`, as SSE, until its end
+    (the run goes on if this client leaves)."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    sink = _Sink(request, resp, rt.config.send_timeout_s)
+    async for event in log.follow(after):
+        await sink.write(_frame(event))
+    await sink.write_eof()
+    return resp

@@ -20,8 +20,8 @@ from gateway.errors import RequestError, bad_request, error_response
 from gateway.openai.request import decode_body
 from gateway.openai.routes import _contained, _runtime  # noqa: PLC2701 - one fault
 # boundary and one gate (origin, key, key slot, ready) for every OpenAI HTTP route
-from gateway.responses import stored
-from gateway.responses.answer import sse, whole
+from gateway.responses import background, stored
+from gateway.responses.answer import follow, sse, whole
 from gateway.responses.request import CreateRequest
 from gateway.responses.route import responses_socket
 from gateway.responses.run import prepare
@@ -51,12 +51,15 @@ def http_error(exc: RequestError) -> web.HTTPException:
 async def create(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
     req = await decode_body(request, CreateRequest, rt.config.body_timeout_s)
-    if req.background:
-        raise bad_request("background: not supported yet", "background")
+    if req.background and req.store is False:
+        raise bad_request("background: needs store: true (it is polled from the store)",
+                          "background")
     try:
         prepared = await prepare(rt, req, request[OWNER])
     except RequestError as exc:
         raise http_error(exc) from None
+    if req.background:
+        return await _detached(request, rt, prepared)
     stream = Stream(prepared.shape.id, f"http-resp-{next(_ids)}", "http")
     try:
         admission = await rt.admit(stream, prepared.turn.params.priority,
@@ -87,6 +90,20 @@ async def _run(request, rt: Runtime, admission, prepared, stream: Stream):
         rt.http_streams.discard(stream)
 
 
+async def _detached(request: web.Request, rt: Runtime, prepared) -> web.StreamResponse:
+    """Store the response as in_progress, start its run, answer without waiting for it."""
+    shape = prepared.shape
+    problem = await stored.save(rt, shape.id, prepared.owner, prepared.turn.history,
+                                shape.body(), prepared.turn.input_items)
+    if problem is not None:
+        raise error_response(web.HTTPServiceUnavailable, problem, "store_unavailable",
+                             err_type="server_error", headers={"Retry-After": "1"})
+    run = background.start(request.app, rt, prepared)
+    if shape.req.stream:
+        return await follow(request, rt, run.log, -1)
+    return web.json_response(shape.body())
+
+
 async def _stored(request: web.Request, rt: Runtime) -> stored.Stored:
     response_id = request.match_info["response_id"]
     try:
@@ -99,8 +116,39 @@ async def _stored(request: web.Request, rt: Runtime) -> stored.Stored:
 
 
 @_contained
-async def retrieve(request: web.Request) -> web.Response:
-    return web.json_response((await _stored(request, _runtime(request))).object)
+async def retrieve(request: web.Request) -> web.StreamResponse:
+    """The stored Response; `?stream=true&starting_after=N` resumes a background run's
+    events after sequence number N (on the replica running it, while its log is kept)."""
+    rt = _runtime(request)
+    found = await _stored(request, rt)
+    if request.query.get("stream") not in ("true", "1"):
+        return web.json_response(found.object)
+    run = request.app[background.RUNS].get(found.record.session_id)
+    if run is None:
+        raise bad_request("stream: only a background response's events can be resumed, "
+                          "on the server running it, while its log is kept", "stream")
+    try:
+        after = int(request.query.get("starting_after", "-1"))
+    except ValueError:
+        raise bad_request("starting_after: must be an integer", "starting_after") from None
+    return await follow(request, rt, run.log, after)
+
+
+@_contained
+async def cancel(request: web.Request) -> web.Response:
+    """Stop a background response (its engine request aborted, its KV freed); answers
+    the Response as stored once the run has ended."""
+    rt = _runtime(request)
+    found = await _stored(request, rt)
+    response_id = found.record.session_id
+    if not found.object.get("background"):
+        raise bad_request("response_id: only a background response can be cancelled",
+                          "response_id")
+    run = request.app[background.RUNS].get(response_id)
+    if run is not None:
+        await background.cancel(run)
+        found = await _stored(request, rt)
+    return web.json_response(found.object)
 
 
 @_contained
@@ -153,3 +201,10 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/v1/responses/{response_id}", retrieve)
     router.add_delete("/v1/responses/{response_id}", delete)
     router.add_get("/v1/responses/{response_id}/input_items", input_items)
+    router.add_post("/v1/responses/{response_id}/cancel", cancel)
+
+
+def setup(app: web.Application) -> None:
+    """The routes and this process's registry of background runs."""
+    app[background.RUNS] = {}
+    add_routes(app.router)
