@@ -9,6 +9,13 @@
     background.py  background: true runs, their event logs, cancel
     routes.py    the HTTP handlers
 """
-from gateway.responses.routes import add_routes, create, delete, input_items, retrieve, setup
+from gateway.responses.routes import (
+    add_routes,
+    create,
+    delete,
+    input_items,
+    retrieve,
+    setup,
+)
 
 __all__ = ["add_routes", "create", "delete", "input_items", "retrieve", "setup"]

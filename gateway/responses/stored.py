@@ -16,8 +16,12 @@ import time
 
 from gateway.errors import RequestError
 from gateway.runtime import Runtime
-from gateway.sessions.store import (SessionConflictError, SessionRecord,
-                                    SessionStoreUnavailableError, SessionTooLargeError)
+from gateway.sessions.store import (
+    SessionConflictError,
+    SessionRecord,
+    SessionStoreUnavailableError,
+    SessionTooLargeError,
+)
 
 MAX_ID_CHARS = 64
 
@@ -30,7 +34,7 @@ class Stored:
 
     @classmethod
     def of(cls, response_id: str, owner: str | None, history: list[dict], obj: dict,
-           input_items: list[dict]) -> "Stored":
+           input_items: list[dict]) -> Stored:
         return cls(SessionRecord(response_id, owner, None, {}, history, time.time(), 0,
                                  {"object": obj, "input_items": input_items}))
 

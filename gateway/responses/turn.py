@@ -21,9 +21,15 @@ import msgspec
 from engine.sampling_params import SamplingParams
 from gateway import params as wire
 from gateway.config import GatewayConfig
-from gateway.responses.request import (CreateRequest, FunctionCallItem,
-                                       FunctionCallOutputItem, Item, MessageItem, Part,
-                                       invalid)
+from gateway.responses.request import (
+    CreateRequest,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    Item,
+    MessageItem,
+    Part,
+    invalid,
+)
 
 # Params' names as the Responses API spells them.
 _FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format"}

@@ -3,6 +3,7 @@ server. Every Response and stream event is validated strictly as the SDK's own p
 types (no coercion), so a field of the wrong type or shape fails the test."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import aiohttp
@@ -11,6 +12,7 @@ import pytest
 from openai import AsyncOpenAI
 from openai.types.responses import Response, ResponseItemList, ResponseStreamEvent
 from pydantic import TypeAdapter
+from ws_helpers import open_ws
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 FAST = {"max_output_tokens": 12, "temperature": 0}
@@ -87,10 +89,9 @@ async def test_chain_of_five_turns_carries_history(client):
         inputs.append(resp.usage.input_tokens)
         previous = resp.id
     # Each turn's prompt holds every earlier turn (question and reply).
-    assert all(b > a for a, b in zip(inputs, inputs[1:]))
-    items = ResponseItemList.model_validate_json(
-        (await client.responses.input_items.list(previous)).model_dump_json()
-        .replace('"first_id":null', '"first_id":""'), strict=False)
+    assert all(b > a for a, b in itertools.pairwise(inputs))
+    raw = await client.responses.input_items.with_raw_response.list(previous)
+    items = ResponseItemList.model_validate_json(raw.http_response.text, strict=True)
     assert [i.content[0].text for i in items.data] == ["What is my name?"]
 
 
@@ -180,3 +181,12 @@ async def test_a_response_belongs_to_its_key(server):
                                    previous_response_id=resp.id, **FAST)
     assert refused.value.code == "previous_response_not_found"
     assert (await one.responses.input_items.list(resp.id)).data
+
+
+async def test_a_socket_cannot_resume_a_response_as_its_session(client, base_url):
+    resp = await client.responses.create(model="default", input="Hi.", **FAST)
+    async with aiohttp.ClientSession() as http:
+        ws, hello = await open_ws(http, base_url, params={"session_id": resp.id})
+        await ws.close()
+    assert hello["resumed"] is False and hello["session_id"] != resp.id
+    assert (await client.responses.retrieve(resp.id)).id == resp.id

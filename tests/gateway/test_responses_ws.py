@@ -4,6 +4,7 @@ raw and validated strictly as the SDK's own server-event union."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from openai import AsyncOpenAI
 from openai.types.responses.responses_server_event import ResponsesServerEvent
@@ -51,7 +52,7 @@ async def test_five_turn_chain_on_one_socket(base_url):
             assert done.output[0].content[0].text == text
             inputs.append(done.usage.input_tokens)
             previous = done.id
-    assert all(b > a for a, b in zip(inputs, inputs[1:]))
+    assert all(b > a for a, b in itertools.pairwise(inputs))
     # The chain goes on over HTTP (and any new socket) from the store.
     client = AsyncOpenAI(base_url=base_url + "/v1", api_key="unused")
     resp = await client.responses.create(input="And now?", previous_response_id=previous,
