@@ -6,6 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway.auth import authenticate, check_origin
+from gateway.errors import bad_request
 from gateway.responses.protocol import ResponsesProtocol
 from gateway.runtime import RUNTIME
 from gateway.sockets.upgrade import serve_socket, unavailable
@@ -13,6 +14,9 @@ from gateway.sockets.upgrade import serve_socket, unavailable
 
 async def responses_socket(request: web.Request) -> web.WebSocketResponse:
     rt = request.app[RUNTIME]
+    if request.headers.get("Upgrade", "").lower() != "websocket":
+        raise bad_request("GET /v1/responses is WebSocket mode (send an Upgrade); create "
+                          "a response with POST /v1/responses", None)
     check_origin(request, rt.config)
     owner = authenticate(request, rt.config)
     if not rt.ready:

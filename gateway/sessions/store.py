@@ -90,9 +90,7 @@ class SessionRecord:
     messages: list[dict] = field(default_factory=list)  # [{"role", "content"}, ...]
     updated_at: float = 0.0  # set by the store's clock on every save
     version: int = 0  # the stored version this copy was loaded at; 0: never saved
-    # A stored Responses API response (gateway/responses/stored.py) rather than a chat
-    # session: its object and input items; `messages` is then the chain's history.
-    response: dict | None = None
+    response: dict | None = None  # a stored Responses API response (responses/stored.py)
 
 
 class SessionStore(Protocol):
@@ -205,9 +203,8 @@ def encode_record(record: SessionRecord, limit: int) -> tuple[str, int]:
     """The record's body as compact JSON and its size in bytes (UTF-8), checked against
     the per-session byte cap; the size is what counts towards max_bytes_per_key."""
     fields = {"owner": record.owner, "system": record.system, "params": record.params,
-              "messages": record.messages}
-    if record.response is not None:
-        fields["response"] = record.response
+              "messages": record.messages, **({"response": record.response}
+                                              if record.response is not None else {})}
     body = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
     size = len(body.encode("utf-8"))
     if size > limit:

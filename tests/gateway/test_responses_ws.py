@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+import aiohttp
 from openai import AsyncOpenAI
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
@@ -111,3 +112,23 @@ async def test_errors_are_events_and_the_socket_stays_open(base_url):
         await conn.response.create(input="Say hi.", **FAST)
         assert (await until_end(conn))[-1].type in ("response.completed",
                                                      "response.incomplete")
+
+
+async def test_store_false_chains_on_its_own_socket_only(base_url):
+    async with connect(base_url) as conn:
+        await conn.response.create(input="My name is Ada.", store=False, **FAST)
+        first = (await until_end(conn))[-1].response
+        await conn.response.create(input="What is my name?", store=False,
+                                   previous_response_id=first.id, **FAST)
+        second = (await until_end(conn))[-1]
+        assert second.type != "error", second
+        assert second.response.usage.input_tokens > first.usage.input_tokens
+    async with connect(base_url) as conn:  # another socket: it was never stored
+        await conn.response.create(input="Hi.", previous_response_id=second.response.id,
+                                   **FAST)
+        assert (await recv(conn)).error.code == "previous_response_not_found"
+
+
+async def test_plain_get_is_told_to_upgrade_or_post(base_url):
+    async with aiohttp.ClientSession() as http, http.get(base_url + "/v1/responses") as r:
+        assert r.status == 400 and "POST /v1/responses" in (await r.json())["error"]["message"]
