@@ -49,7 +49,8 @@ class GatewayConfig:
                                       flag="--reconnect-after")
     max_conversation_items: int = setting(1024, "items one /v1/realtime conversation may "
                                           "hold, and messages one request may send "
-                                          "(response.input, generate, chat completions)")
+                                          "(response.input, generate, chat completions) "
+                                          "or a /v1/responses chain keep (oldest first out)")
     background_log_s: float = setting(600.0, "seconds a finished background response's "
                                       "events stay resumable (?stream=true) on its replica",
                                       flag="--background-log-time")

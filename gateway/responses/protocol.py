@@ -32,6 +32,7 @@ from gateway.sockets.requests import run_request
 from gateway.stream import Stream
 
 log = logging.getLogger(__name__)
+MAX_LANE_CHARS = 64
 SHAPE = "_shape"  # a frame's response, which stamps its sequence_number when written
 _STATUS = {"not_found": 404, "previous_response_not_found": 400, "rate_limited": 429,
            "overloaded": 503, "draining": 503, "store_unavailable": 503, "internal": 500}
@@ -100,6 +101,13 @@ class ResponsesProtocol:
                                "WebSocket mode", param="background")
         if self.rt.status == "draining":
             raise RequestError("draining", "the server is shutting down; reconnect later")
+        if req.stream_id is not None and len(req.stream_id) > MAX_LANE_CHARS:
+            raise RequestError("invalid_request", f"stream_id: at most {MAX_LANE_CHARS} "
+                               "characters", param="stream_id")
+        limit = self.rt.scheduler.config.max_inflight_per_socket
+        if len(self.core.streams) >= limit:  # before any work: lanes share the socket's cap
+            raise RequestError("rate_limited", f"{limit} responses already run on this "
+                               "socket (--max-inflight)", retry_after_ms=1000)
         key = f"lane:{req.stream_id}"
         if key in self.core.streams:
             raise RequestError("response_in_progress", "a response is already running on "

@@ -132,3 +132,19 @@ async def test_store_false_chains_on_its_own_socket_only(base_url):
 async def test_plain_get_is_told_to_upgrade_or_post(base_url):
     async with aiohttp.ClientSession() as http, http.get(base_url + "/v1/responses") as r:
         assert r.status == 400 and "POST /v1/responses" in (await r.json())["error"]["message"]
+
+
+async def test_lanes_are_bounded_per_socket(server):
+    from scheduler.config import SchedulerConfig
+    url = server.start_app(scheduler=SchedulerConfig(max_inflight_per_socket=2))
+    async with connect(url) as conn:
+        for lane in "abc":
+            await conn.response.create(input="Count to 30.", stream_id=lane, **FAST)
+        errors = []
+        ends = 0
+        while ends < 2:
+            event = await recv(conn)
+            if event.type == "error":
+                errors.append(event)
+            ends += event.type in ("response.completed", "response.incomplete")
+        assert [(e.error.code, e.stream_id) for e in errors] == [("rate_limited", "c")]
