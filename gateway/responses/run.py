@@ -133,6 +133,6 @@ async def finish(rt: Runtime, prepared: Prepared, stream: Stream,
                                 prepared.turn.input_items, prepared.version)
     if problem is not None:
         log.warning("response %s not stored: %s", shape.id, problem)
-        shape.status = "failed"
+        shape.status, shape.completed_at = "failed", None
         shape.error = {"code": "server_error",
                        "message": f"the response could not be stored: {problem}"}

@@ -41,6 +41,7 @@ class ResponseShape:
         self.error: dict | None = None  # {code, message} of a failure
         self.status = "in_progress"
         self.generate = True  # False: a prefill only, with no output item
+        self.completed_at: int | None = None
 
     def stamp(self, event: dict) -> dict:
         """The event with the next sequence number (and the socket lane, if any)."""
@@ -69,7 +70,7 @@ class ResponseShape:
             "usage": None, "metadata": req.metadata or {}, "user": req.user,
         }
         if self.status not in ("in_progress", "queued"):
-            body["completed_at"] = int(time.time()) if self.status == "completed" else None
+            body["completed_at"] = self.completed_at
         if stream is not None:
             body["usage"] = usage(stream)
             if self.status == "incomplete":
@@ -84,6 +85,7 @@ class ResponseShape:
     def finish(self, stream: Stream) -> None:
         """Set the status from how the stream ended."""
         self.status = _STATUS[stream.finish_reason or "error"][0]
+        self.completed_at = int(time.time()) if self.status == "completed" else None
         if not self.generate and self.status == "incomplete":
             self.status = "completed"  # a prefill's one token is its whole job
         if self.status == "failed" and self.error is None:

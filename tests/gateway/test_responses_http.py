@@ -75,6 +75,7 @@ async def test_streamed_event_sequence(client, base_url):
     # Stored by default: GET returns the same object.
     got = await strict(client.responses.with_raw_response.retrieve(events[-1].response.id))
     assert got.output_text == text
+    assert got.model_dump() == events[-1].response.model_dump()  # what was sent, stored
 
 
 async def test_chain_of_five_turns_carries_history(client):
