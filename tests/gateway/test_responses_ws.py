@@ -148,3 +148,30 @@ async def test_lanes_are_bounded_per_socket(server):
                 errors.append(event)
             ends += event.type in ("response.completed", "response.incomplete")
         assert [(e.error.code, e.stream_id) for e in errors] == [("rate_limited", "c")]
+
+
+async def test_sdk_reconnects_and_the_chain_goes_on(server):
+    from gateway.app import close_sockets
+    url = server.start_app()
+    codes = []
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="unused")
+    manager = client.responses.connect(on_reconnecting=lambda e: codes.append(e.close_code),
+                                       initial_delay=0.05)
+    async with manager as conn:
+        await conn.response.create(input="My name is Ada.", **FAST)
+        first = (await until_end(conn))[-1].response
+        events = aiter(conn)
+        pending = asyncio.ensure_future(anext(events))  # sees the close, reconnects
+        server.call(close_sockets(server.apps[url], 2.0))  # 1001: going away
+        async with asyncio.timeout(30):
+            while not codes:
+                await asyncio.sleep(0.01)
+        await conn.response.create(input="What is my name?", previous_response_id=first.id,
+                                   **FAST)
+        seen = [await pending]
+        while seen[-1].type not in ("response.completed", "response.incomplete", "error"):
+            seen.append(await anext(events))
+    assert codes == [1001]
+    assert seen[-1].type != "error", seen[-1]
+    assert seen[-1].response.previous_response_id == first.id
+    assert seen[-1].response.usage.input_tokens > first.usage.input_tokens
