@@ -61,6 +61,8 @@ def build_turn(config: GatewayConfig, req: CreateRequest, items: list[Item],
     if not history:
         raise invalid("input: must not be empty", "input")
     history = history[-config.max_conversation_items:]  # a chain's oldest turns go first
+    while len(history) > 1 and history[0]["role"] == "tool":  # its call went: it goes too
+        history.pop(0)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     return Turn(system + history, history, [item_body(item) for item in items],
                 sampling(config, req))
