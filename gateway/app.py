@@ -22,7 +22,7 @@ from pathlib import Path
 from aiohttp import WSCloseCode, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway import openai
+from gateway import openai, responses
 from gateway.auth import AccessLog, authenticate
 from gateway.config import GatewayConfig
 from gateway.metrics import Metrics
@@ -56,6 +56,7 @@ def build_app(config: GatewayConfig, scheduler: Scheduler,
     app.cleanup_ctx.extend([_store, _scheduler, _model, _watcher])
     app.on_shutdown.append(close_sockets)
     _routes(app.router)
+    responses.setup(app)
     return app
 
 

@@ -49,7 +49,11 @@ class GatewayConfig:
                                       flag="--reconnect-after")
     max_conversation_items: int = setting(1024, "items one /v1/realtime conversation may "
                                           "hold, and messages one request may send "
-                                          "(response.input, generate, chat completions)")
+                                          "(response.input, generate, chat completions) "
+                                          "or a /v1/responses chain keep (oldest first out)")
+    background_log_s: float = setting(600.0, "seconds a finished background response's "
+                                      "events stay resumable (?stream=true) on its replica",
+                                      flag="--background-log-time")
     header_timeout_s: float = setting(10.0, "seconds a client may take to send a request's "
                                       "line and headers (slowloris)",
                                       flag="--header-timeout")
@@ -125,7 +129,7 @@ class GatewayConfig:
                               "openssl rand -hex 32)")
         for name in ("heartbeat_s", "send_timeout_s", "drain_timeout_s", "drain_grace_s",
                      "render_timeout_s", "header_timeout_s", "body_timeout_s",
-                     "keepalive_timeout_s"):
+                     "keepalive_timeout_s", "background_log_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, "must be > 0")
         if self.ssl_certfile is None and (self.ssl_keyfile or self.ssl_ca_certs):

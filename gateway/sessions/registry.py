@@ -95,7 +95,9 @@ class SessionRegistry:
         live = self._live.get(session_id)
         while live is None:
             loaded = await self._load_shared(session_id)
-            if loaded is None or loaded.record.owner != owner:
+            # A stored response shares the store, never a socket's session.
+            if loaded is None or loaded.record.owner != owner or \
+                    loaded.record.response is not None:
                 return None
             if not loaded.released:  # else its last save is stored: load that
                 live = self._live.setdefault(session_id, loaded)

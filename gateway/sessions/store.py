@@ -90,6 +90,7 @@ class SessionRecord:
     messages: list[dict] = field(default_factory=list)  # [{"role", "content"}, ...]
     updated_at: float = 0.0  # set by the store's clock on every save
     version: int = 0  # the stored version this copy was loaded at; 0: never saved
+    response: dict | None = None  # a stored Responses API response (responses/stored.py)
 
 
 class SessionStore(Protocol):
@@ -201,11 +202,10 @@ class SessionStoreConfig:
 def encode_record(record: SessionRecord, limit: int) -> tuple[str, int]:
     """The record's body as compact JSON and its size in bytes (UTF-8), checked against
     the per-session byte cap; the size is what counts towards max_bytes_per_key."""
-    body = json.dumps(
-        {"owner": record.owner, "system": record.system, "params": record.params,
-         "messages": record.messages},
-        ensure_ascii=False, separators=(",", ":"),
-    )
+    fields = {"owner": record.owner, "system": record.system, "params": record.params,
+              "messages": record.messages, **({"response": record.response}
+                                              if record.response is not None else {})}
+    body = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
     size = len(body.encode("utf-8"))
     if size > limit:
         raise SessionTooLargeError(record.session_id, size, limit)
@@ -220,7 +220,7 @@ def owner_key(owner: str | None) -> str:
 def decode_record(session_id: str, body: str, updated_at: float, version: int) -> SessionRecord:
     data = json.loads(body)
     return SessionRecord(session_id, data["owner"], data["system"], data["params"],
-                         data["messages"], updated_at, version)
+                         data["messages"], updated_at, version, data.get("response"))
 
 
 class _Row(NamedTuple):

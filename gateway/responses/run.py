@@ -1,0 +1,138 @@
+"""A response from its request to its stored end, whatever carries it (HTTP, SSE, socket).
+
+    prepare():  refusals, input items, the previous response's history (the store, or a
+                socket's unstored last response), the turn, its prompt fitted to the
+                context, what the engine would refuse: all before admission
+    generate(): the engine's outputs, folded into the response's Stream
+    finish():   the status from how it ended, the reply joined to the history, the
+                response stored (store: true) before its last event is sent
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from engine.errors import EngineError, InvalidRequestError
+from gateway.errors import RequestError
+from gateway.messages import fit_to_context
+from gateway.responses import stored
+from gateway.responses.request import CreateRequest, check, decode_items
+from gateway.responses.shape import ResponseShape
+from gateway.responses.turn import Turn, build_turn
+from gateway.runtime import Runtime
+from gateway.stream import Stream
+from scheduler.door import Admission
+
+log = logging.getLogger(__name__)
+# The engine's names for a field, as the Responses API spells them.
+_PARAMS = {"prompt": "input", "messages": "input", "max_tokens": "max_output_tokens",
+           "response_format": "text.format"}
+
+
+@dataclass
+class Prepared:
+    """A response ready for admission."""
+
+    shape: ResponseShape
+    turn: Turn
+    prompt: list[int]
+    owner: str | None
+    generate: bool = True  # False: prefill the chain's prompt, produce nothing
+    version: int = 0  # the stored version the final save replaces (background: 1)
+
+    @property
+    def store(self) -> bool:
+        return self.shape.req.store is not False
+
+
+async def prepare(rt: Runtime, req: CreateRequest, owner: str | None, *,
+                  generate: bool = True, stream_id: str | None = None,
+                  local: dict[str, stored.Stored] | None = None) -> Prepared:
+    """Everything before admission; a RequestError names what is refused. `local` holds
+    a socket's responses that were not stored (store: false), as chains may use them."""
+    check(req)
+    items = decode_items(req.input)
+    previous = None
+    if req.previous_response_id is not None:
+        found = (local or {}).get(req.previous_response_id) or \
+            await stored.load(rt, req.previous_response_id, owner)
+        if found is None:
+            raise stored.not_found(req.previous_response_id, "previous_response_not_found",
+                                   "previous_response_id")
+        previous = found.history
+    turn = build_turn(rt.config, req, items, previous)
+    if not generate:  # one token: the prompt's KV is computed and left in the prefix cache
+        turn.params = dataclasses.replace(turn.params, max_tokens=1)
+    prompt = await _render(rt, turn, req.truncation != "disabled")
+    _validate(rt, prompt, turn)
+    shape = ResponseShape(req, rt.model.name, turn.params.max_tokens, stream_id)
+    shape.generate = generate
+    return Prepared(shape, turn, prompt, owner, generate)
+
+
+async def _render(rt: Runtime, turn: Turn, fit: bool) -> list[int]:
+    """The chat template's prompt; with truncation, the oldest turns dropped until the
+    reply fits the context (as chat sessions do)."""
+    model, room = rt.model, turn.params.max_tokens
+    if not fit:
+        return await rt.tokenize(lambda: model.encode_chat(turn.messages))
+    return await rt.tokenize(lambda: fit_to_context(model.encode_chat, turn.messages, room,
+                                                    model.max_model_len))
+
+
+def _validate(rt: Runtime, prompt: list[int], turn: Turn) -> None:
+    try:
+        rt.model.validate(prompt, turn.params)
+    except InvalidRequestError as exc:
+        param = _PARAMS.get(exc.field, exc.field)
+        raise RequestError(exc.code, f"{param}: {exc.problem}", param=param) from None
+    except EngineError as exc:
+        raise RequestError(exc.code, str(exc), param="input") from None
+
+
+async def generate(admission: Admission, prepared: Prepared, stream: Stream):
+    """The engine's outputs, each folded into `stream` first. An engine error before any
+    output (a schema that does not compile) is a RequestError naming its field."""
+    outputs = admission.generate(prepared.prompt, prepared.turn.params, stream.engine_id)
+    first = True
+    try:
+        async with contextlib.aclosing(outputs) as outs:
+            async for out in outs:
+                first = False
+                stream.absorb(out)
+                yield out
+    except EngineError as exc:
+        if not first or exc.code == "internal":
+            raise
+        param = "text.format" if getattr(exc, "field", None) == "response_format" else "input"
+        raise RequestError(exc.code, str(exc), param=param) from None
+
+
+async def finish(rt: Runtime, prepared: Prepared, stream: Stream,
+                 local: dict[str, stored.Stored] | None = None) -> None:
+    """Close the response: its status, and (store: true) its record in the store, so a
+    chain can continue from it as soon as its last event is out. A response that could
+    not be stored says so: a chain cannot continue from it."""
+    shape = prepared.shape
+    shape.finish(stream)
+    if not prepared.generate:
+        stream.completion_tokens = 0  # the prefill's token is never shown
+    history = list(prepared.turn.history)
+    if prepared.generate and stream.text and shape.status in ("completed", "incomplete"):
+        history.append({"role": "assistant", "content": stream.text})
+    obj = shape.final(stream)
+    if not prepared.store:
+        if local is not None:  # the socket's last unstored response, for its chain
+            local.clear()
+            local[shape.id] = stored.Stored.of(shape.id, prepared.owner, history, obj,
+                                               prepared.turn.input_items)
+        return
+    problem = await stored.save(rt, shape.id, prepared.owner, history, obj,
+                                prepared.turn.input_items, prepared.version)
+    if problem is not None:
+        log.warning("response %s not stored: %s", shape.id, problem)
+        shape.status, shape.completed_at = "failed", None
+        shape.error = {"code": "server_error",
+                       "message": f"the response could not be stored: {problem}"}

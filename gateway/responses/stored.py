@@ -1,0 +1,94 @@
+"""Stored responses: kept in the session store, one record per response, so they have
+the sessions' TTL, byte cap and per-key quotas, and outlive a restart (SQLite) or a
+replica (Redis).
+
+    SessionRecord(session_id=resp_..., owner=key hash,
+                  messages=the chain's history through this response's reply,
+                  response={"object": the Response, "input_items": this request's items})
+
+A record holds its whole chain's history, bounded by max_conversation_items, so a chain
+continues from one load, on any replica. A response belongs to the key that made it:
+another key is told it does not exist (404), as for an unknown id.
+"""
+from __future__ import annotations
+
+import time
+
+from gateway.errors import RequestError
+from gateway.runtime import Runtime
+from gateway.sessions.store import (
+    SessionConflictError,
+    SessionRecord,
+    SessionStoreUnavailableError,
+    SessionTooLargeError,
+)
+
+MAX_ID_CHARS = 64
+
+
+class Stored:
+    """One stored response as loaded: its record (for the version), object, items."""
+
+    def __init__(self, record: SessionRecord):
+        self.record = record
+
+    @classmethod
+    def of(cls, response_id: str, owner: str | None, history: list[dict], obj: dict,
+           input_items: list[dict]) -> Stored:
+        return cls(SessionRecord(response_id, owner, None, {}, history, time.time(), 0,
+                                 {"object": obj, "input_items": input_items}))
+
+    @property
+    def object(self) -> dict:
+        return self.record.response["object"]
+
+    @property
+    def input_items(self) -> list[dict]:
+        return self.record.response["input_items"]
+
+    @property
+    def history(self) -> list[dict]:
+        return self.record.messages
+
+
+async def load(rt: Runtime, response_id: str, owner: str | None) -> Stored | None:
+    """The stored response `response_id` of `owner`, None when unknown (or another's).
+    An unreachable store is a RequestError store_unavailable (503)."""
+    if not response_id.startswith("resp_") or len(response_id) > MAX_ID_CHARS:
+        return None
+    try:
+        record = await rt.sessions.store.load(response_id)
+    except SessionStoreUnavailableError as exc:
+        raise unavailable(exc) from None
+    if record is None or record.response is None or record.owner != owner:
+        return None
+    return Stored(record)
+
+
+async def save(rt: Runtime, response_id: str, owner: str | None, history: list[dict],
+               obj: dict, input_items: list[dict], version: int = 0) -> str | None:
+    """Store (or update) a response; returns why it could not be, None once stored."""
+    record = Stored.of(response_id, owner, history, obj, input_items).record
+    record.version = version
+    try:
+        await rt.sessions.store.save(record)
+    except (SessionTooLargeError, SessionStoreUnavailableError, SessionConflictError) as exc:
+        return str(exc)
+    return None
+
+
+async def delete(rt: Runtime, response_id: str) -> None:
+    try:
+        await rt.sessions.store.delete(response_id)
+    except SessionStoreUnavailableError as exc:
+        raise unavailable(exc) from None
+
+
+def unavailable(exc: SessionStoreUnavailableError) -> RequestError:
+    return RequestError(exc.code, str(exc), retry_after_ms=exc.retry_after_ms)
+
+
+def not_found(response_id: str, code: str = "not_found",
+              param: str | None = None) -> RequestError:
+    what = f"Response with id '{response_id[:MAX_ID_CHARS]}' not found."
+    return RequestError(code, f"{param}: {what}" if param else what, param=param)
