@@ -47,7 +47,8 @@ def test_every_gateway_field_has_a_flag():
                  "--body-timeout", "4", "--keepalive-timeout", "5", "--max-connections", "6",
                  "--max-connections-per-ip", "7", "--max-connections-per-key", "8",
                  "--max-schema-bytes", "999", "--max-schema-depth", "9",
-                 "--render-timeout", "2", "--access-log")
+                 "--render-timeout", "2", "--access-log", "--max-tools", "5",
+                 "--tool-call-parser", "hermes")
     config = serve.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
     defaults = GatewayConfig()
     unchanged = [f.name for f in dataclasses.fields(GatewayConfig)
