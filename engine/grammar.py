@@ -110,8 +110,10 @@ class GrammarCompiler:
     def _build(self, reduced: dict) -> xgr.CompiledGrammar | str:
         """Runs on a pool thread. A schema xgrammar refuses becomes a message (cached like
         a grammar, so a client retrying a bad schema costs no second compile)."""
-        schema = JSON_OBJECT_SCHEMA if reduced["type"] == "json_object" else reduced["schema"]
         try:
+            if reduced["type"] == "tool_calls":
+                return self._xgrammar().compile_structural_tag(_tool_call_tag(reduced))
+            schema = JSON_OBJECT_SCHEMA if reduced["type"] == "json_object" else reduced["schema"]
             # compact JSON: unbounded whitespace would let a model pad until max_tokens
             return self._xgrammar().compile_json_schema(schema, any_whitespace=False)
         except Exception as exc:  # noqa: BLE001 - xgrammar reports bad schemas as RuntimeError
@@ -131,6 +133,36 @@ class GrammarCompiler:
     def _timed_out(self) -> InvalidRequestError:
         return InvalidRequestError(FIELD, f"schema took longer than {self.timeout_s:g} s to "
                                    "compile (grammar_compile_timeout_s)")
+
+
+def _tool_call_tag(reduced: dict) -> xgr.StructuralTag:
+    """The calls' grammar in the model's syntax, each call's arguments following its JSON
+    schema (xgrammar's built-in tag for the syntax gives the per-function tags):
+
+        auto       any text; a call ends the answer (after more calls, when parallel)
+        required   only calls: one, or several separated by newlines when parallel
+        named      exactly one call of that function
+    """
+    tag = xgr.get_builtin_structural_tag(
+        reduced["format"], tools=reduced["tools"], tool_choice=reduced["tool_choice"],
+        reasoning=False, parallel_tool_calls=False, max_whitespace_cnt=_TOOL_CALL_WHITESPACE)
+    choice, parallel = reduced["tool_choice"], reduced["parallel_tool_calls"]
+    if isinstance(choice, dict):
+        return tag
+    tags = tag.format.tags
+    more = xgr.structural_tag.TagsWithSeparatorFormat(tags=tags, separator="\n")
+    if choice == "required":
+        calls = more.model_copy(update={"at_least_one": True, "stop_after_first": not parallel})
+        return xgr.StructuralTag(format=calls)
+    first = tag.format.model_copy(update={"at_least_one": False, "stop_after_first": True})
+    if not parallel:
+        return xgr.StructuralTag(format=first)
+    return xgr.StructuralTag(format=xgr.structural_tag.SequenceFormat(elements=[first, more]))
+
+
+# Whitespace between JSON tokens of a call's arguments: a little, as models write it, but
+# bounded, so a model cannot pad a call until max_tokens.
+_TOOL_CALL_WHITESPACE = 1
 
 
 def _unwrap(result: xgr.CompiledGrammar | str) -> xgr.CompiledGrammar:

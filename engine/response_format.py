@@ -4,6 +4,8 @@
     {"type": "json_object"}                            -> {"type": "json_object"}
     {"type": "json_schema", "json_schema": {"name", "schema", "strict"?, "description"?}}
                                                        -> {"type": "json_schema", "schema": {...}}
+    {"type": "tool_calls", "format", "tools", "tool_choice", "parallel_tool_calls"}
+        (built by the gateway from `tools`)            -> itself: calls in the model's format
 
 The reduced form is the grammar cache's key (as canonical JSON): two requests that differ
 only in `name`, `description` or `strict` share one compiled grammar. Torch-free.
@@ -16,6 +18,10 @@ from engine.errors import InvalidRequestError
 
 FIELD = "response_format"
 _TYPES = ("text", "json_object", "json_schema")
+# Tool-call syntaxes the grammar knows (xgrammar's built-in structural tags by model family):
+# "qwen_3" is Hermes' <tool_call>{"name", "arguments"}</tool_call>; "llama" is Llama 3's
+# {"name", "parameters"} JSON.
+TOOL_CALL_FORMATS = ("qwen_3", "llama")
 
 
 def reduce_response_format(value) -> dict | None:
@@ -23,6 +29,8 @@ def reduce_response_format(value) -> dict | None:
     InvalidRequestError naming `response_format`."""
     if value is None:
         return None
+    if isinstance(value, dict) and value.get("type") == "tool_calls":
+        return _tool_calls(value)
     if not isinstance(value, dict) or value.get("type") not in _TYPES:
         raise InvalidRequestError(FIELD, f"must be an object with type one of {list(_TYPES)}")
     kind = value["type"]
@@ -39,6 +47,14 @@ def reduce_response_format(value) -> dict | None:
                                                                     (bool, type(None))):
         raise InvalidRequestError(FIELD, "json_schema: name must be a string, strict a boolean")
     return {"type": "json_schema", "schema": spec["schema"]}
+
+
+def _tool_calls(value: dict) -> dict:
+    """A tool-call constraint as the gateway builds it (its tools already checked there)."""
+    if value.get("format") not in TOOL_CALL_FORMATS or not isinstance(value.get("tools"), list):
+        raise InvalidRequestError(FIELD, f"tool_calls: format must be one of "
+                                  f"{list(TOOL_CALL_FORMATS)} and tools a list")
+    return value
 
 
 def grammar_key(reduced: dict) -> str:

@@ -74,6 +74,12 @@ class GatewayConfig:
     max_schema_bytes: int = setting(65536, "largest response_format JSON schema, as "
                                     "compact JSON (its grammar compiles in time with it)")
     max_schema_depth: int = setting(32, "deepest nesting of a response_format JSON schema")
+    max_tools: int = setting(128, "functions one request may offer the model (each "
+                             "function's parameters schema has the schema limits above)")
+    tool_call_parser: str = setting("auto", "the tool-call syntax the model writes: hermes "
+                                    "(<tool_call> JSON), llama3_json, or auto (from the "
+                                    "chat template; hermes where it cannot render tools)",
+                                    metavar="{auto,hermes,llama3_json}")
     render_timeout_s: float = setting(10.0, "seconds a prompt may take to render and "
                                       "tokenize, off the event loop; beyond it the "
                                       "request answers too_large", flag="--render-timeout")
@@ -118,6 +124,7 @@ class GatewayConfig:
         for name in ("max_message_bytes", "max_pending_frames", "max_tokens_cap",
                      "default_max_tokens", "reconnect_after_ms", "max_choices",
                      "max_conversation_items", "max_schema_bytes", "max_schema_depth",
+                     "max_tools",
                      "max_connections_total", "max_connections_per_ip",
                      "max_connections_per_key", "client_secret_ttl_s",
                      "client_secret_max_ttl_s"):
@@ -135,6 +142,8 @@ class GatewayConfig:
         if self.ssl_certfile is None and (self.ssl_keyfile or self.ssl_ca_certs):
             raise ConfigError("ssl_certfile", "--ssl-keyfile and --ssl-ca-certs need "
                               "--ssl-certfile")
+        if self.tool_call_parser not in ("auto", "hermes", "llama3_json"):
+            raise ConfigError("tool_call_parser", "must be auto, hermes or llama3_json")
         if self.receive_timeout_s is not None and not self.receive_timeout_s > 0:
             raise ConfigError("receive_timeout_s", "must be > 0 or None")
         if self.default_max_tokens > self.max_tokens_cap:

@@ -111,6 +111,10 @@ class ModelSlot:
     def supports_tools(self) -> bool:
         return self._engine.chat_template_supports_tools
 
+    @property
+    def chat_template(self) -> str:
+        return self._engine.tokenizer.chat_template or ""
+
     def stats(self) -> EngineStats | None:
         return self._engine.stats() if self._engine is not None else None
 

@@ -24,6 +24,7 @@ from gateway.errors import bad_request
 from gateway.openai.request import ChatRequest, CommonRequest
 from gateway.runtime import Runtime
 from gateway.stream import Stream
+from gateway.tools.plan import ToolPlan
 from scheduler.door import Admission
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class Job:
     stream: Stream
     choices: list[Choice]
     prompts: list[list[int]]
+    tools: ToolPlan | None = None
 
     @property
     def chat(self) -> bool:
@@ -92,9 +94,19 @@ async def whole(job: Job) -> web.Response:
 
 
 def _whole_choice(job: Job, c: Choice) -> dict:
-    body = ({"message": {"role": "assistant", "content": c.text}} if job.chat
-            else {"text": c.text})
-    return {"index": c.index, **body, "finish_reason": c.stream.finish_reason,
+    finish = c.stream.finish_reason
+    if not job.chat:
+        body = {"text": c.text}
+    elif c.calls is None:
+        body = {"message": {"role": "assistant", "content": c.text}}
+    else:
+        content, calls = c.calls.feed(c.text)
+        rest, last = c.calls.finish()
+        calls += last
+        body = {"message": {"role": "assistant", "content": (content + rest) or None,
+                            "tool_calls": [call.openai() for call in calls] or None}}
+        finish = job.tools.finish_reason(bool(calls), finish)
+    return {"index": c.index, **body, "finish_reason": finish,
             "logprobs": job.logprobs(c, c.logprobs, len(c.echo))}
 
 
@@ -179,13 +191,34 @@ async def _sse_output(resp: _Sink, job: Job, choice: Choice, out) -> None:
     logprobs = job.logprobs(choice, out.logprobs or [], choice.sent_chars)
     if not out.delta_text and finish is None and not out.logprobs:
         return
-    if job.chat:
-        delta = {"content": out.delta_text} if out.delta_text or out.logprobs else {}
-    else:
-        delta = out.delta_text
     choice.sent_chars += len(out.delta_text)
-    await _event(resp, _chunk(job, choice, delta, finish, logprobs))
+    if choice.calls is not None:
+        await _tool_output(resp, job, choice, out, finish, logprobs)
+    elif job.chat:
+        delta = {"content": out.delta_text} if out.delta_text or out.logprobs else {}
+        await _event(resp, _chunk(job, choice, delta, finish, logprobs))
+    else:
+        await _event(resp, _chunk(job, choice, out.delta_text, finish, logprobs))
     job.rt.metrics.observe_delta(job.stream, len(out.new_token_ids), time.perf_counter())
+
+
+async def _tool_output(resp: _Sink, job: Job, choice: Choice, out, finish: str | None,
+                       logprobs: dict | None) -> None:
+    """Text as content deltas (a possible call start held back); each call, once whole,
+    as one tool_calls delta carrying its id, name and arguments (OpenAI's clients join
+    deltas by index, so a whole call is a valid stream)."""
+    content, calls = choice.calls.feed(out.delta_text)
+    if out.finished:
+        rest, last = choice.calls.finish()
+        content, calls = content + rest, calls + last
+    if content or logprobs:
+        await _event(resp, _chunk(job, choice, {"content": content}, None, logprobs))
+    first = len(choice.calls.calls) - len(calls)
+    for i, call in enumerate(calls):
+        await _event(resp, _chunk(job, choice, {"tool_calls": [call.openai(first + i)]}))
+    if finish is not None:
+        finish = job.tools.finish_reason(bool(choice.calls.calls), finish)
+        await _event(resp, _chunk(job, choice, {}, finish))
 
 
 async def _event(resp: _Sink, obj: dict) -> None:

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from gateway.stream import Stream
+from gateway.tools.parser import CallParser
 from scheduler.door import Admission
 
 _SEEDS = 2**63
@@ -35,6 +36,7 @@ class Choice:
     echo: str = ""  # the prompt's text, shown before the completion (completions' echo)
     logprobs: list = dataclasses.field(default_factory=list)
     sent_chars: int = 0  # characters of this choice's text already streamed
+    calls: CallParser | None = None  # reads tool calls out of the text (chat with tools)
 
     @property
     def text(self) -> str:

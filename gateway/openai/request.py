@@ -16,14 +16,33 @@ from gateway.config import GatewayConfig
 from gateway.errors import RequestError, bad_request, error_response, field_error
 from gateway.messages import ContentPart
 from gateway.openai.support import CHAT_REFUSED, COMMON_REFUSED, COMPLETION_REFUSED, NO_EFFECT
+from gateway.tools.plan import FunctionDef
+
+
+class FunctionCall(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    arguments: str | dict[str, Any] = ""  # OpenAI's is JSON text; some clients send an object
+
+
+class PastToolCall(msgspec.Struct, forbid_unknown_fields=True):
+    """A call an assistant message made earlier in the conversation."""
+
+    function: FunctionCall
+    id: str = ""
+    type: str = "function"
 
 
 class ChatMessage(msgspec.Struct):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[PastToolCall] | None = None
     tool_call_id: str | None = None
+
+
+class Tool(msgspec.Struct, forbid_unknown_fields=True):
+    function: FunctionDef
+    type: str = "function"
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -55,7 +74,8 @@ class _Chat(CommonRequest, kw_only=True):
     messages: list[ChatMessage]
     logprobs: bool | None = None  # chat's is a switch; top_logprobs is the count
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 ChatRequest = _with_opaque(_Chat, "ChatRequest", "tool_choice", *CHAT_REFUSED)

@@ -9,6 +9,7 @@ parameter does what is support.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import logging
@@ -16,6 +17,7 @@ import math
 import secrets
 import time
 
+import msgspec
 from aiohttp import web
 
 from engine.errors import EngineError, InvalidRequestError
@@ -26,9 +28,11 @@ from gateway.openai.answer import Job, sse, whole
 from gateway.openai.choices import plan
 from gateway.openai.request import (ChatRequest, CommonRequest, CompletionRequest,
                                     decode_body, refused, sampling_params)
-from gateway.openai.support import chat_tools, check
+from gateway.openai.support import check
+from gateway.params import given
 from gateway.runtime import RUNTIME, Runtime
 from gateway.stream import Stream
+from gateway.tools.plan import ToolPlan, for_model
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
@@ -72,10 +76,31 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
     req = await decode_body(request, ChatRequest, rt.config.body_timeout_s)
     check(req, rt.config.max_choices, chat=True)
-    tools = chat_tools(req, rt.model.supports_tools)
+    tools = _tool_plan(rt, req)
     messages = _messages(req, tools is not None, rt.config.max_conversation_items)
-    prompt = await _tokenize(rt, lambda: rt.model.encode_chat(messages, tools), "messages")
-    return await _complete(request, rt, req, [prompt])
+    if tools is not None:
+        messages = tools.messages(messages)
+    template_tools = tools.template_tools() if tools is not None else None
+    prompt = await _tokenize(rt, lambda: rt.model.encode_chat(messages, template_tools),
+                             "messages")
+    return await _complete(request, rt, req, [prompt], tools=tools)
+
+
+def _tool_plan(rt: Runtime, req: ChatRequest) -> ToolPlan | None:
+    for i, tool in enumerate(req.tools or ()):
+        if tool.type != "function":
+            raise bad_request(f"tools[{i}].type: only function tools are supported",
+                              f"tools[{i}].type")
+    try:
+        tools = for_model(rt.config, rt.model, [t.function for t in req.tools or ()],
+                          req.tool_choice, req.parallel_tool_calls)
+    except RequestError as exc:
+        raise refused(exc) from None
+    if tools is not None and tools.choice != "auto" and given(req.response_format):
+        raise bad_request("tool_choice: a required or named tool call cannot be combined "
+                          "with response_format (both constrain the whole answer)",
+                          "tool_choice")
+    return tools
 
 
 def _messages(req: ChatRequest, with_tools: bool, max_messages: int) -> list[dict]:
@@ -92,7 +117,8 @@ def _messages(req: ChatRequest, with_tools: bool, max_messages: int) -> list[dic
             message = message_dict(i, m.role, m.content, roles)
         except RequestError as exc:
             raise refused(exc) from None
-        extra = {"name": m.name, "tool_calls": m.tool_calls, "tool_call_id": m.tool_call_id}
+        calls = msgspec.to_builtins(m.tool_calls) if m.tool_calls else None
+        extra = {"name": m.name, "tool_calls": calls, "tool_call_id": m.tool_call_id}
         messages.append({**message, **{k: v for k, v in extra.items() if v is not None}})
     return messages
 
@@ -154,16 +180,20 @@ def _runtime(request: web.Request) -> Runtime:
 
 
 async def _complete(request: web.Request, rt: Runtime, req: CommonRequest,
-                    prompts: list[list[int]], echoes: list[str] | None = None
-                    ) -> web.StreamResponse:
+                    prompts: list[list[int]], echoes: list[str] | None = None,
+                    tools: ToolPlan | None = None) -> web.StreamResponse:
     chat = isinstance(req, ChatRequest)
     params = sampling_params(rt.config, req)
+    if tools is not None and not given(req.response_format):
+        params = dataclasses.replace(params, response_format=tools.constraint())
     for prompt in prompts:
         _validate(rt, prompt, params, chat)
     stream = Stream(f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}",
                     f"http-{next(_ids)}", "http")
     # Everything that can raise comes before admission: a slot is released only below.
     choices = plan(prompts, req.n, params, stream.engine_id, echoes)
+    for choice in choices:
+        choice.calls = tools.parser() if tools is not None else None
     try:
         admission = await rt.admit(stream, params.priority, sum(map(len, prompts)), None,
                                    request[OWNER])
@@ -173,7 +203,7 @@ async def _complete(request: web.Request, rt: Runtime, req: CommonRequest,
     stream.task = asyncio.current_task()  # what a drain cancels
     rt.http_streams.add(stream)
     try:
-        job = Job(rt, admission, req, stream, choices, prompts)
+        job = Job(rt, admission, req, stream, choices, prompts, tools)
         if req.stream:
             return await sse(request, job)
         return await whole(job)

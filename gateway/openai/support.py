@@ -13,7 +13,7 @@ from gateway.errors import bad_request
 from gateway.params import given
 
 if TYPE_CHECKING:
-    from gateway.openai.request import ChatRequest, CommonRequest, CompletionRequest
+    from gateway.openai.request import CommonRequest, CompletionRequest
 
 # Fields that cannot change what is generated: accepted whatever their value.
 NO_EFFECT = ("user", "metadata", "store", "service_tier", "safety_identifier",
@@ -42,8 +42,6 @@ CHAT_REFUSED = {
     "verbosity": (_given, "not supported"),
     "web_search_options": (_given, "web search is not supported"),
     "moderation": (_given, "moderation is not supported"),
-    "parallel_tool_calls": (lambda v: v is False, "tool calls are not parsed, so they "
-                            "cannot be limited to one"),
 }
 COMPLETION_REFUSED = {
     "suffix": (_set, "insertion (suffix) is not supported"),
@@ -70,16 +68,3 @@ def _check_completion(req: CompletionRequest) -> None:
     if req.echo and given(req.logprobs):
         raise bad_request("echo: echo with logprobs needs the prompt's log-probabilities, "
                           "which are not computed", "echo")
-
-
-def chat_tools(req: ChatRequest, supports_tools: bool) -> list[dict] | None:
-    """The tools to render into the prompt (None: none). `tool_choice` "none" shows the
-    model no tools; "required" or a named function would need constrained decoding."""
-    choice = req.tool_choice
-    if choice not in (None, "none", "auto"):
-        raise bad_request("tool_choice: only \"auto\" and \"none\" are supported", "tool_choice")
-    if not req.tools or choice == "none":
-        return None
-    if not supports_tools:
-        raise bad_request("tools: the model's chat template does not support tools", "tools")
-    return req.tools

@@ -32,7 +32,7 @@ CHAT_PROBES = {
     "model": (N, "any-name", 200),
     "moderation": (R, {"model": "omni-moderation-latest"}, 400),
     "n": (H, 2, 200),
-    "parallel_tool_calls": (R, False, 400),
+    "parallel_tool_calls": (H, False, 200),
     "prediction": (N, {"type": "content", "content": "Hello"}, 200),
     "presence_penalty": (H, 0.5, 200),
     "prompt_cache_key": (N, "k", 200),
@@ -49,7 +49,7 @@ CHAT_PROBES = {
     "stream_options": (H, {"include_usage": True}, 200),  # sent with stream: true
     "temperature": (H, 0.7, 200),
     "tool_choice": (H, "none", 200),
-    "tools": (H, [{"type": "function", "function": {"name": "f"}}], 400),  # no template
+    "tools": (H, [{"type": "function", "function": {"name": "f"}}], 200),  # the fallback
     "top_logprobs": (H, 2, 200),  # sent with logprobs: true
     "top_p": (H, 0.9, 200),
     "user": (N, "u1", 200),
