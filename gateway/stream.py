@@ -22,11 +22,12 @@ from engine.outputs import RequestOutput
 
 
 class Shaper(Protocol):
-    """A protocol's frames for one stream: what the socket's writer sends."""
+    """A protocol's frames for one stream: what the socket's writer sends (a list: one
+    message each; empty or None: nothing to send)."""
 
-    def delta_frame(self, stream: "Stream", out: RequestOutput) -> dict: ...
+    def delta_frame(self, stream: "Stream", out: RequestOutput) -> dict | list[dict] | None: ...
 
-    def done_frame(self, stream: "Stream", now: float) -> dict: ...
+    def done_frame(self, stream: "Stream", now: float) -> dict | list[dict] | None: ...
 
 
 class Stream:

@@ -54,7 +54,8 @@ async def sse(request: web.Request, rt: Runtime, admission: Admission, prepared:
                 await _write(sink, shape, event)
             while out is not None:
                 if out.delta_text and prepared.generate:
-                    await _write(sink, shape, shape.delta(out.delta_text))
+                    for event in shape.feed(out.delta_text):
+                        await _write(sink, shape, event)
                     rt.metrics.observe_delta(stream, len(out.new_token_ids),
                                              time.perf_counter())
                 out = await anext(outputs, None)

@@ -107,7 +107,8 @@ async def _run(rt: Runtime, run: BackgroundRun) -> None:
         async with contextlib.aclosing(generate(admission, prepared, stream)) as outputs:
             async for out in outputs:
                 if out.delta_text and prepared.generate:
-                    run.log.append(shape.stamp(shape.delta(out.delta_text)))
+                    for event in shape.feed(out.delta_text):
+                        run.log.append(shape.stamp(event))
     except asyncio.CancelledError:
         asyncio.current_task().uncancel()  # the run goes on, to store how it ended
         stream.finish_reason = "cancelled"  # a cancel (or a drain): stored as cancelled

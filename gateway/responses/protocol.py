@@ -39,21 +39,21 @@ _STATUS = {"not_found": 404, "previous_response_not_found": 400, "rate_limited":
 
 
 class _Lane:
-    """The shaper of one lane's running response: its deltas and output_text.done, as
-    the socket's writer takes them (stamped at write time, in write order)."""
+    """The shaper of one lane's running response: its text and item events as the
+    socket's writer takes them (stamped at write time, in write order)."""
 
     def __init__(self):
         self.shape: ResponseShape | None = None
 
-    def delta_frame(self, stream: Stream, out) -> dict | None:
+    def delta_frame(self, stream: Stream, out) -> list[dict] | None:
         if not self.shape.generate or not out.delta_text:
             return None
-        return {**self.shape.delta(out.delta_text), SHAPE: self.shape}
+        return [{**event, SHAPE: self.shape} for event in self.shape.feed(out.delta_text)]
 
-    def done_frame(self, stream: Stream, now: float) -> dict | None:
+    def done_frame(self, stream: Stream, now: float) -> list[dict] | None:
         if not self.shape.generate:
             return None
-        return {**self.shape.closing(stream)[0], SHAPE: self.shape}
+        return [{**event, SHAPE: self.shape} for event in self.shape.closing_items(stream)]
 
 
 class ResponsesProtocol:
@@ -139,13 +139,13 @@ class ResponsesProtocol:
         await self._close(prepared, stream)
 
     async def _close(self, prepared: Prepared, stream: Stream) -> None:
-        """Store the response, then its last events (output_text.done went out already
-        as the stream's done frame, unless it never streamed)."""
+        """Store the response, then its last events (the items' closing events went out
+        already as the stream's done frame, unless it never streamed)."""
         streamed = stream.finish_reason is not None
         await finish(self.rt, prepared, stream, self.local)
-        events = prepared.shape.closing(stream)
-        if streamed and prepared.generate:
-            events = events[1:]
+        shape = prepared.shape
+        events = [shape.end_event(stream)] if streamed and prepared.generate \
+            else shape.closing(stream)
         for event in events:
             self.core.outbox.put({**event, SHAPE: prepared.shape})
 

@@ -16,8 +16,7 @@ from gateway.errors import RequestError, field_error
 
 # Fields that cannot change what is generated: accepted whatever their value.
 NO_EFFECT = ("user", "safety_identifier", "service_tier", "prompt_cache_key",
-             "prompt_cache_retention", "prompt_cache_options", "parallel_tool_calls",
-             "max_tool_calls", "model")
+             "prompt_cache_retention", "prompt_cache_options", "max_tool_calls", "model")
 
 
 def _given(value) -> bool:
@@ -28,11 +27,8 @@ def _set(value) -> bool:
     return value not in (None, {}, [], "")
 
 
-# field -> (is the given value refused?, why). Tools come with the tool-call parser.
+# field -> (is the given value refused?, why).
 REFUSED = {
-    "tools": (_set, "not yet supported on /v1/responses"),
-    "tool_choice": (lambda v: v not in (None, "auto", "none"),
-                    "not yet supported on /v1/responses (only \"auto\" and \"none\")"),
     "reasoning": (_given, "the models served here do not reason"),
     "include": (_set, "no extra output can be included"),
     "top_logprobs": (lambda v: v not in (None, 0), "log-probabilities are not supported "
@@ -119,8 +115,21 @@ class StreamOptions(_Strict, kw_only=True):
     include_obfuscation: bool | None = None  # no effect: there is no obfuscation padding
 
 
+class FunctionTool(_Strict, kw_only=True):
+    """A function the model may call, flat as the Responses API declares it."""
+
+    type: str
+    name: str = ""
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
 class _Create(_Strict, kw_only=True):
     input: str | list[dict[str, Any]] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "name"}
+    parallel_tool_calls: bool | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: int | None = None

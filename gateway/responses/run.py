@@ -20,6 +20,7 @@ from gateway.messages import fit_to_context
 from gateway.responses import stored
 from gateway.responses.request import CreateRequest, check, decode_items
 from gateway.responses.shape import ResponseShape
+from gateway.responses.tools import tool_plan
 from gateway.responses.turn import Turn, build_turn
 from gateway.runtime import Runtime
 from gateway.stream import Stream
@@ -62,12 +63,17 @@ async def prepare(rt: Runtime, req: CreateRequest, owner: str | None, *,
             raise stored.not_found(req.previous_response_id, "previous_response_not_found",
                                    "previous_response_id")
         previous = found.history
+    tools = tool_plan(rt, req)
     turn = build_turn(rt.config, req, items, previous)
+    if tools is not None:
+        turn.messages, turn.tools = tools.messages(turn.messages), tools.template_tools()
+        if tools.choice != "auto" or turn.params.response_format is None:
+            turn.params = dataclasses.replace(turn.params, response_format=tools.constraint())
     if not generate:  # one token: the prompt's KV is computed and left in the prefix cache
         turn.params = dataclasses.replace(turn.params, max_tokens=1)
     prompt = await _render(rt, turn, req.truncation != "disabled")
     _validate(rt, prompt, turn)
-    shape = ResponseShape(req, rt.model.name, turn.params.max_tokens, stream_id)
+    shape = ResponseShape(req, rt.model.name, turn.params.max_tokens, stream_id, tools)
     shape.generate = generate
     return Prepared(shape, turn, prompt, owner, generate)
 
@@ -75,10 +81,14 @@ async def prepare(rt: Runtime, req: CreateRequest, owner: str | None, *,
 async def _render(rt: Runtime, turn: Turn, fit: bool) -> list[int]:
     """The chat template's prompt; with truncation, the oldest turns dropped until the
     reply fits the context (as chat sessions do)."""
-    model, room = rt.model, turn.params.max_tokens
+    model, room, tools = rt.model, turn.params.max_tokens, turn.tools
+
+    def encode(messages: list[dict]) -> list[int]:
+        return model.encode_chat(messages, tools)
+
     if not fit:
-        return await rt.tokenize(lambda: model.encode_chat(turn.messages))
-    return await rt.tokenize(lambda: fit_to_context(model.encode_chat, turn.messages, room,
+        return await rt.tokenize(lambda: encode(turn.messages))
+    return await rt.tokenize(lambda: fit_to_context(encode, turn.messages, room,
                                                     model.max_model_len))
 
 
@@ -120,9 +130,9 @@ async def finish(rt: Runtime, prepared: Prepared, stream: Stream,
     if not prepared.generate:
         stream.completion_tokens = 0  # the prefill's token is never shown
     history = list(prepared.turn.history)
+    obj = shape.final(stream)  # every call read
     if prepared.generate and stream.text and shape.status in ("completed", "incomplete"):
-        history.append({"role": "assistant", "content": stream.text})
-    obj = shape.final(stream)
+        history.append(_reply(shape, stream))
     if not prepared.store:
         if local is not None:  # the socket's last unstored response, for its chain
             local.clear()
@@ -136,3 +146,14 @@ async def finish(rt: Runtime, prepared: Prepared, stream: Stream,
         shape.status, shape.completed_at = "failed", None
         shape.error = {"code": "server_error",
                        "message": f"the response could not be stored: {problem}"}
+
+
+def _reply(shape: ResponseShape, stream: Stream) -> dict:
+    """The reply as the chain's history keeps it: its text, and its calls as a chat
+    message's tool_calls (so the next turn renders them and their outputs)."""
+    if shape.parser is None:
+        return {"role": "assistant", "content": stream.text}
+    reply = {"role": "assistant", "content": shape.text}
+    if shape.calls:
+        reply["tool_calls"] = [call.openai() for call in shape.calls]
+    return reply

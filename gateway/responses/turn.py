@@ -8,8 +8,9 @@ SamplingParams, built in this one place for HTTP, SSE and WebSocket mode alike.
 
 Input items become chat completions' messages: a message item its role and text, a
 `function_call` a `tool_calls` entry of an assistant message (the one just before, whose
-turn it belongs to, or a new one), a `function_call_output` a `tool` message. (Tools themselves, and rendering calls for a
-template without tools, come with gateway/tools.)
+turn it belongs to, or a new one), a `function_call_output` a `tool` message. The
+request's `tools` are planned by gateway/responses/tools.py (gateway/tools renders them,
+and past calls, for the template).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class Turn:
     history: list[dict]
     input_items: list[dict]
     params: SamplingParams
+    tools: list[dict] | None = None  # the tools a template that can renders itself
 
 
 def new_id(prefix: str) -> str:

@@ -95,12 +95,14 @@ async def run_writer(ws: web.WebSocketResponse, encode: Callable[[dict], bytes |
         kind, item = entry
         frame = item if kind == "frame" else (
             item.take_delta() if kind == "delta" else item.done_frame(time.perf_counter()))
-        if frame is None:
+        if not frame:
             continue
         try:
-            data = encode(frame)
-            send = ws.send_bytes if isinstance(data, bytes) else ws.send_str
-            await asyncio.wait_for(send(data), send_timeout)
+            # A protocol may answer one entry with several messages (a list of frames).
+            for one in frame if isinstance(frame, list) else [frame]:
+                data = encode(one)
+                send = ws.send_bytes if isinstance(data, bytes) else ws.send_str
+                await asyncio.wait_for(send(data), send_timeout)
         except asyncio.TimeoutError:
             log.warning("socket did not drain within %.1fs; closing it", send_timeout)
             on_stuck()
