@@ -70,6 +70,8 @@ class GatewayConfig:
     max_schema_bytes: int = setting(65536, "largest response_format JSON schema, as "
                                     "compact JSON (its grammar compiles in time with it)")
     max_schema_depth: int = setting(32, "deepest nesting of a response_format JSON schema")
+    max_chat_template_kwargs_bytes: int = setting(4096, "largest chat_template_kwargs of "
+                                                  "a chat completion, as compact JSON")
     render_timeout_s: float = setting(10.0, "seconds a prompt may take to render and "
                                       "tokenize, off the event loop; beyond it the "
                                       "request answers too_large", flag="--render-timeout")
@@ -99,8 +101,8 @@ class GatewayConfig:
         for name in ("max_message_bytes", "max_pending_frames", "max_tokens_cap",
                      "default_max_tokens", "reconnect_after_ms", "max_choices",
                      "max_conversation_items", "max_schema_bytes", "max_schema_depth",
-                     "max_connections_total", "max_connections_per_ip",
-                     "max_connections_per_key"):
+                     "max_chat_template_kwargs_bytes", "max_connections_total",
+                     "max_connections_per_ip", "max_connections_per_key"):
             _positive(name, getattr(self, name))
         for name in ("heartbeat_s", "send_timeout_s", "drain_timeout_s", "drain_grace_s",
                      "render_timeout_s", "header_timeout_s", "body_timeout_s",

@@ -27,6 +27,7 @@ from gateway.openai.choices import plan
 from gateway.openai.request import (ChatRequest, CommonRequest, CompletionRequest,
                                     decode_body, refused, sampling_params)
 from gateway.openai.support import chat_tools, check
+from gateway.openai.template import chat_echo, template_options
 from gateway.runtime import RUNTIME, Runtime
 from gateway.stream import Stream
 
@@ -74,8 +75,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check(req, rt.config.max_choices, chat=True)
     tools = chat_tools(req, rt.model.supports_tools)
     messages = _messages(req, tools is not None, rt.config.max_conversation_items)
-    prompt = await _tokenize(rt, lambda: rt.model.encode_chat(messages, tools), "messages")
-    return await _complete(request, rt, req, [prompt])
+    options = template_options(req, rt.config.max_chat_template_kwargs_bytes)
+    prompt = await _tokenize(rt, lambda: rt.model.encode_chat(messages, tools, **options),
+                             "messages")
+    return await _complete(request, rt, req, [prompt], [chat_echo(req, messages)])
 
 
 def _messages(req: ChatRequest, with_tools: bool, max_messages: int) -> list[dict]:
@@ -122,6 +125,8 @@ async def _tokenize(rt: Runtime, job, param: str):
         return await rt.tokenize(job)
     except RequestError as exc:
         raise bad_request(exc.message, param, code=exc.code) from None
+    except InvalidRequestError as exc:  # the chat template refused the conversation
+        raise bad_request(str(exc), param) from None
 
 
 def _prompts(prompt: str | list) -> list[str | list[int]]:
