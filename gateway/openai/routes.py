@@ -63,9 +63,24 @@ def _internal() -> web.HTTPException:
 @_contained
 async def models(request: web.Request) -> web.Response:
     rt = _runtime(request)  # 503 until the model is loaded
-    return web.json_response({"object": "list", "data": [
-        {"id": rt.model.name, "object": "model", "created": 0, "owned_by": "tokenwire",
-         "max_model_len": rt.model.max_model_len}]})
+    return web.json_response({"object": "list", "data": [_model_card(rt)]})
+
+
+@_contained
+async def model(request: web.Request) -> web.Response:
+    """One model by id (the SDKs' `models.retrieve`): the served one, else a 404."""
+    rt = _runtime(request)
+    name = request.match_info["model"]
+    if name != rt.model.name:
+        raise error_response(web.HTTPNotFound, f"The model '{name[:200]}' does not exist; "
+                             f"this server serves '{rt.model.name}'", "model_not_found",
+                             err_type="invalid_request_error", param="model")
+    return web.json_response(_model_card(rt))
+
+
+def _model_card(rt: Runtime) -> dict:
+    return {"id": rt.model.name, "object": "model", "created": 0, "owned_by": "tokenwire",
+            "max_model_len": rt.model.max_model_len}
 
 
 @_contained
