@@ -51,7 +51,8 @@ class EngineCore:
         self.grammars = GrammarCompiler(
             self.tokenizer, self.runner.sample_vocab, self.eos_token_ids,
             threads=config.grammar_compile_threads, cache_size=config.grammar_cache_size,
-            timeout_s=config.grammar_compile_timeout_s)
+            timeout_s=config.grammar_compile_timeout_s,
+            max_number_digits=config.max_json_number_digits)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.pending: list[RequestOutput] = []
