@@ -109,8 +109,10 @@ class AsyncEngine:
         """The snapshot taken after the latest step (cheap; safe from the event loop)."""
         return self._stats
 
-    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
-        return self.core.encode_chat(messages, tools)
+    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None,
+                    **template: object) -> list[int]:
+        """EngineCore.encode_chat (`template`: its keyword options)."""
+        return self.core.encode_chat(messages, tools, **template)
 
     @property
     def chat_template_supports_tools(self) -> bool:

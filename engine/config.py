@@ -69,6 +69,10 @@ class EngineConfig:
     grammar_compile_timeout_s: float = 10.0
     grammar_compile_threads: int = 1
     grammar_cache_size: int = 256
+    # Digits a JSON number's integer part and fraction may each have in a schema's grammar
+    # (its exponent: 2), so a model cannot run on in one; None: unbounded, as xgrammar.
+    # 15: every such integer is exact in a double.
+    max_json_number_digits: int | None = 15
 
     def __post_init__(self):
         _positive("block_size", self.block_size)
@@ -81,6 +85,8 @@ class EngineConfig:
             raise ConfigError("max_logprobs", "must be a non-negative integer")
         _positive("grammar_compile_threads", self.grammar_compile_threads)
         _positive("grammar_cache_size", self.grammar_cache_size)
+        if self.max_json_number_digits is not None and not 2 <= self.max_json_number_digits:
+            raise ConfigError("max_json_number_digits", "must be at least 2, or None")
         if not 0.0 < self.grammar_compile_timeout_s <= 3600.0:
             raise ConfigError("grammar_compile_timeout_s", "must be in (0, 3600]")
         if self.num_kv_blocks is not None:

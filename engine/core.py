@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 
+from jinja2 import TemplateError
+
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -49,7 +51,8 @@ class EngineCore:
         self.grammars = GrammarCompiler(
             self.tokenizer, self.runner.sample_vocab, self.eos_token_ids,
             threads=config.grammar_compile_threads, cache_size=config.grammar_cache_size,
-            timeout_s=config.grammar_compile_timeout_s)
+            timeout_s=config.grammar_compile_timeout_s,
+            max_number_digits=config.max_json_number_digits)
         self.requests: dict[str, Request] = {}
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         self.pending: list[RequestOutput] = []
@@ -65,11 +68,22 @@ class EngineCore:
         """Whether the chat template renders `tools` (a template without them ignores them)."""
         return "tools" in (self.tokenizer.chat_template or "")
 
-    def encode_chat(self, messages, tools: list[dict] | None = None) -> list[int]:
-        """The tokenizer's chat template with the assistant's generation prompt (and the
-        tools, rendered by the template, when given)."""
-        text = self.tokenizer.apply_chat_template(list(messages), tools=tools, tokenize=False,
-                                                  add_generation_prompt=True)
+    def encode_chat(self, messages, tools: list[dict] | None = None, *,
+                    add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    template_kwargs: dict | None = None) -> list[int]:
+        """The tokenizer's chat template with the assistant's generation prompt (or the
+        last message left open to be continued), the tools rendered by the template when
+        given, and the caller's extra template variables. A template that refuses the
+        conversation (its `raise_exception`, an unfinished final message to continue) is
+        an InvalidRequestError on `messages`."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                list(messages), tools=tools, tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, **(template_kwargs or {}))
+        except (TemplateError, ValueError) as exc:
+            raise InvalidRequestError("messages", f"the chat template refused them: "
+                                      f"{str(exc)[:200]}") from None
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     # -- requests --------------------------------------------------------------------
@@ -107,7 +121,7 @@ class EngineCore:
             request.grammar = new_matcher(grammar or self.grammars.compile(params.response_format))
         self.requests[request_id] = request
         self.detokenizers[request_id] = IncrementalDetokenizer(
-            self.tokenizer, request.prompt_token_ids, params.stop)
+            self.tokenizer, request.prompt_token_ids, params.stop, params.skip_special_tokens)
         self.step_scheduler.add(request, parent)
         self.totals.prompt_tokens += request.num_prompt_tokens
 

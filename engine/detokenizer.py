@@ -21,8 +21,10 @@ _PROMPT_CONTEXT_TOKENS = 5
 class IncrementalDetokenizer:
     """Per-request text state: feed token ids, get back text deltas."""
 
-    def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str]):
+    def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str],
+                 skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.tokens = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
@@ -71,7 +73,7 @@ class IncrementalDetokenizer:
             self.stopped = True
 
     def _decode(self, start: int, end: int) -> str:
-        return self.tokenizer.decode(self.tokens[start:end], skip_special_tokens=True)
+        return self.tokenizer.decode(self.tokens[start:end], skip_special_tokens=self.skip_special_tokens)
 
 
 def _first_stop(text: str, stops: list[str], start: int) -> int | None:

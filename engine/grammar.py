@@ -15,6 +15,7 @@ sampled anyway).
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +25,7 @@ import torch
 import xgrammar as xgr
 
 from engine.errors import InvalidRequestError
+from engine.json_numbers import bound_numbers
 from engine.response_format import FIELD, grammar_key
 
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
@@ -44,8 +46,9 @@ class GrammarCompiler:
     keeping the latest `cache_size` results (refusals too) by canonical schema."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids, *, threads: int,
-                 cache_size: int, timeout_s: float):
+                 cache_size: int, timeout_s: float, max_number_digits: int | None = None):
         self._vocabulary = (tokenizer, vocab_size, sorted(stop_token_ids))
+        self.max_number_digits = max_number_digits  # None: numbers' digits unbounded
         self._compiler: xgr.GrammarCompiler | None = None  # built by the first compile
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="grammar-compile")
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
@@ -114,8 +117,15 @@ class GrammarCompiler:
             if reduced["type"] == "tool_calls":
                 return self._xgrammar().compile_structural_tag(_tool_call_tag(reduced))
             schema = JSON_OBJECT_SCHEMA if reduced["type"] == "json_object" else reduced["schema"]
-            # compact JSON: unbounded whitespace would let a model pad until max_tokens
-            return self._xgrammar().compile_json_schema(schema, any_whitespace=False)
+            if not isinstance(schema, str):
+                schema = json.dumps(schema)
+            # compact JSON: unbounded whitespace would let a model pad until max_tokens;
+            # bounded numbers: so would endless digits (engine/json_numbers.py)
+            grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False)
+            if self.max_number_digits is not None:
+                grammar = xgr.Grammar.from_ebnf(
+                    bound_numbers(str(grammar), self.max_number_digits), root_rule_name="root")
+            return self._xgrammar().compile_grammar(grammar)
         except Exception as exc:  # noqa: BLE001 - xgrammar reports bad schemas as RuntimeError
             return f"schema cannot be compiled: {str(exc).strip().splitlines()[-1]}"
 

@@ -36,6 +36,8 @@ class SamplingParams:
     # None: no log-probabilities; k: each token's, with its k most likely alternatives
     logprobs: int | None = None
     response_format: dict | None = None
+    # False: special tokens (an end-of-turn marker, ...) appear in the text (vLLM's field)
+    skip_special_tokens: bool = True
 
     def __post_init__(self):
         self.stop = _as_list(self.stop, "stop", "must be a string or a list of strings",
@@ -98,8 +100,9 @@ def _check_types(p: SamplingParams) -> None:
     if p.logprobs is not None and (isinstance(p.logprobs, bool)
                                    or not isinstance(p.logprobs, int)):
         raise InvalidRequestError("logprobs", "must be an integer or null")
-    if not isinstance(p.ignore_eos, bool):
-        raise InvalidRequestError("ignore_eos", "must be a boolean")
+    for name in ("ignore_eos", "skip_special_tokens"):
+        if not isinstance(getattr(p, name), bool):
+            raise InvalidRequestError(name, "must be a boolean")
     if not all(isinstance(s, str) for s in p.stop):
         raise InvalidRequestError("stop", "must be a string or a list of strings")
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in p.stop_token_ids):

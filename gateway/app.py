@@ -51,7 +51,8 @@ def build_app(config: GatewayConfig, scheduler: Scheduler,
     # Read at scrape time: a session leaves the registry when its last save lands, which
     # can be after its last socket closed.
     metrics.sessions_active.set_function(lambda: len(rt.sessions))
-    app = web.Application(client_max_size=config.max_message_bytes)
+    app = web.Application(client_max_size=config.max_message_bytes,
+                          middlewares=[openai.v1_errors])
     app[RUNTIME] = rt
     app.cleanup_ctx.extend([_store, _scheduler, _model, _watcher])
     app.on_shutdown.append(close_sockets)
@@ -69,6 +70,7 @@ def _routes(router: web.UrlDispatcher) -> None:
     router.add_get("/v1/realtime", realtime_handler)
     router.add_post("/v1/realtime/client_secrets", create_client_secret)
     router.add_get("/v1/models", openai.models)
+    router.add_get("/v1/models/{model:.+}", openai.model)  # ids may hold a slash
     router.add_post("/v1/chat/completions", openai.chat_completions)
     router.add_post("/v1/completions", openai.completions)
 

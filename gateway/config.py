@@ -80,6 +80,8 @@ class GatewayConfig:
                                     "(<tool_call> JSON), llama3_json, or auto (from the "
                                     "chat template; hermes where it cannot render tools)",
                                     metavar="{auto,hermes,llama3_json}")
+    max_chat_template_kwargs_bytes: int = setting(4096, "largest chat_template_kwargs of "
+                                                  "a chat completion, as compact JSON")
     render_timeout_s: float = setting(10.0, "seconds a prompt may take to render and "
                                       "tokenize, off the event loop; beyond it the "
                                       "request answers too_large", flag="--render-timeout")
@@ -124,7 +126,7 @@ class GatewayConfig:
         for name in ("max_message_bytes", "max_pending_frames", "max_tokens_cap",
                      "default_max_tokens", "reconnect_after_ms", "max_choices",
                      "max_conversation_items", "max_schema_bytes", "max_schema_depth",
-                     "max_tools",
+                     "max_tools", "max_chat_template_kwargs_bytes",
                      "max_connections_total", "max_connections_per_ip",
                      "max_connections_per_key", "client_secret_ttl_s",
                      "client_secret_max_ttl_s"):

@@ -130,9 +130,9 @@ class ModelSlot:
     def encode(self, text: str) -> list[int]:
         return self._engine.encode(text)
 
-    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None
-                    ) -> list[int]:
-        return self._engine.encode_chat(messages, tools)
+    def encode_chat(self, messages: Sequence[dict], tools: list[dict] | None = None,
+                    **template: object) -> list[int]:
+        return self._engine.encode_chat(messages, tools, **template)
 
     def decode(self, token_ids: list[int]) -> str:
         return self._engine.tokenizer.decode(token_ids)

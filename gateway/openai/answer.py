@@ -1,7 +1,8 @@
 """An OpenAI completion's answer: one JSON body, or Server-Sent Events.
 
 `stream: true` answers one chunk per engine output of any choice (its `index` says which),
-ending with `data: [DONE]`; `stream_options.include_usage` adds a usage chunk before it.
+ending with `data: [DONE]`; `stream_options.include_usage` adds a usage chunk before it,
+and with vLLM's `continuous_usage_stats` every chunk carries the usage so far.
 A request that did not finish (cancelled, failed) ends with an OpenAI error event (SSE)
 or a 503/500 (whole): never reported as `stop`.
 """
@@ -164,9 +165,13 @@ class _Sink:
 
 
 async def _opening(resp: _Sink, job: Job, choice: Choice) -> None:
-    """Chat: each choice opens with the assistant's role; completions: with the echo."""
+    """Chat: each choice opens with the assistant's role (then any echo); completions:
+    with the echo."""
     if job.chat:
         await _event(resp, _chunk(job, choice, {"role": "assistant", "content": ""}))
+        if choice.echo:
+            await _event(resp, _chunk(job, choice, {"content": choice.echo}))
+            choice.sent_chars = len(choice.echo)
     elif choice.echo:
         await _event(resp, _chunk(job, choice, choice.echo))
         choice.sent_chars = len(choice.echo)
@@ -236,7 +241,18 @@ def _chunk(job: Job, choice: Choice, delta, finish: str | None = None,
            logprobs: dict | None = None) -> dict:
     body = {"index": choice.index, "finish_reason": finish, "logprobs": logprobs}
     body.update({"delta": delta} if job.chat else {"text": delta})
-    return {**_head(job, chunk=True), "choices": [body]}
+    chunk = {**_head(job, chunk=True), "choices": [body]}
+    options = job.req.stream_options
+    if options is not None and options.include_usage and options.continuous_usage_stats:
+        chunk["usage"] = _usage_so_far(job)  # vLLM's: usage on every chunk
+    return chunk
+
+
+def _usage_so_far(job: Job) -> dict:
+    prompt = sum(map(len, job.prompts))
+    completion = job.stream.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
 def _failure(stream: Stream) -> dict | None:

@@ -48,6 +48,7 @@ class Tool(msgspec.Struct, forbid_unknown_fields=True):
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
     include_obfuscation: bool = False  # no effect: there is no obfuscation padding here
+    continuous_usage_stats: bool = False  # vLLM's: usage so far on every chunk
 
 
 def _with_opaque(base: type, name: str, *fields: str) -> type:
@@ -62,6 +63,7 @@ class _Common(wire.Params, kw_only=True, forbid_unknown_fields=True):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
+    skip_special_tokens: bool = True  # vLLM's: false shows special tokens in the text
 
 
 # The sampling fields are Params' (one schema with /v1/ws). A field OpenAI does not define
@@ -76,6 +78,11 @@ class _Chat(CommonRequest, kw_only=True):
     top_logprobs: int | None = None
     tools: list[Tool] | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's chat-template extensions (gateway/openai/template.py)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    echo: bool = False
 
 
 ChatRequest = _with_opaque(_Chat, "ChatRequest", "tool_choice", *CHAT_REFUSED)
@@ -137,7 +144,9 @@ def sampling_params(config: GatewayConfig, req: CommonRequest) -> SamplingParams
             if req.top_logprobs is not None:
                 names["logprobs"] = "top_logprobs"
     try:
-        return wire.resolve(config, params)
+        resolved = wire.resolve(config, params)
     except wire.ParamError as exc:
         name = names.get(exc.field, exc.field)
         raise bad_request(f"{name}: {exc.problem}", name) from None
+    resolved.skip_special_tokens = req.skip_special_tokens  # typed bool by the schema
+    return resolved

@@ -29,6 +29,7 @@ from gateway.openai.choices import plan
 from gateway.openai.request import (ChatRequest, CommonRequest, CompletionRequest,
                                     decode_body, refused, sampling_params)
 from gateway.openai.support import check
+from gateway.openai.template import chat_echo, template_options
 from gateway.params import given
 from gateway.runtime import RUNTIME, Runtime
 from gateway.stream import Stream
@@ -66,9 +67,24 @@ def _internal() -> web.HTTPException:
 @_contained
 async def models(request: web.Request) -> web.Response:
     rt = _runtime(request)  # 503 until the model is loaded
-    return web.json_response({"object": "list", "data": [
-        {"id": rt.model.name, "object": "model", "created": 0, "owned_by": "tokenwire",
-         "max_model_len": rt.model.max_model_len}]})
+    return web.json_response({"object": "list", "data": [_model_card(rt)]})
+
+
+@_contained
+async def model(request: web.Request) -> web.Response:
+    """One model by id (the SDKs' `models.retrieve`): the served one, else a 404."""
+    rt = _runtime(request)
+    name = request.match_info["model"]
+    if name != rt.model.name:
+        raise error_response(web.HTTPNotFound, f"The model '{name[:200]}' does not exist; "
+                             f"this server serves '{rt.model.name}'", "model_not_found",
+                             err_type="invalid_request_error", param="model")
+    return web.json_response(_model_card(rt))
+
+
+def _model_card(rt: Runtime) -> dict:
+    return {"id": rt.model.name, "object": "model", "created": 0, "owned_by": "tokenwire",
+            "max_model_len": rt.model.max_model_len}
 
 
 @_contained
@@ -78,12 +94,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check(req, rt.config.max_choices, chat=True)
     tools = _tool_plan(rt, req)
     messages = _messages(req, tools is not None, rt.config.max_conversation_items)
+    echo = chat_echo(req, messages)  # of the conversation as sent
     if tools is not None:
         messages = tools.messages(messages)
     template_tools = tools.template_tools() if tools is not None else None
-    prompt = await _tokenize(rt, lambda: rt.model.encode_chat(messages, template_tools),
-                             "messages")
-    return await _complete(request, rt, req, [prompt], tools=tools)
+    options = template_options(req, rt.config.max_chat_template_kwargs_bytes)
+    prompt = await _tokenize(rt, lambda: rt.model.encode_chat(messages, template_tools,
+                                                              **options), "messages")
+    return await _complete(request, rt, req, [prompt], [echo], tools=tools)
 
 
 def _tool_plan(rt: Runtime, req: ChatRequest) -> ToolPlan | None:
@@ -148,6 +166,8 @@ async def _tokenize(rt: Runtime, job, param: str):
         return await rt.tokenize(job)
     except RequestError as exc:
         raise bad_request(exc.message, param, code=exc.code) from None
+    except InvalidRequestError as exc:  # the chat template refused the conversation
+        raise bad_request(str(exc), param) from None
 
 
 def _prompts(prompt: str | list) -> list[str | list[int]]:
