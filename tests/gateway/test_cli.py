@@ -51,7 +51,8 @@ def test_every_gateway_field_has_a_flag():
                  "--ssl-keyfile", "k.pem", "--ssl-ca-certs", "ca.pem",
                  "--client-secret-ttl", "60", "--client-secret-max-ttl", "120",
                  "--client-secret-key", "k" * 32, "--max-tools", "5",
-                 "--tool-call-parser", "hermes", "--background-log-time", "7")
+                 "--tool-call-parser", "hermes", "--background-log-time", "7",
+                 "--max-chat-template-kwargs-bytes", "99")
     config = serve.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
     defaults = GatewayConfig()
     unchanged = [f.name for f in dataclasses.fields(GatewayConfig)
