@@ -6,6 +6,7 @@ the output tokens the client counted from its deltas.
 """
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -157,3 +158,16 @@ def test_responses_tool_chains_grow_turn_by_turn(tokenwire_url, tmp_path, endpoi
 def test_a_responses_endpoint_on_the_wrong_url_is_refused(capsys):
     rc = main(["--url", "http://127.0.0.1:9/v1", "--endpoint", "responses-ws"])
     assert rc == 2 and "url" in capsys.readouterr().err
+
+
+def test_agent_chain_comparison_resends_the_whole_history(tokenwire_url):
+    """The comparison's third variant (loadtest.compare_agent_chain): HTTP with store
+    false, the client resending every item so far; turn 2 sees turn 1's call whole."""
+    from loadtest.compare_agent_chain import one_chain
+    from loadtest.tokenizer import load_tokenizer
+
+    args = argparse.Namespace(first_turn_len=8, tool_output_len=8, output_len=48)
+    first, second = one_chain(tokenwire_url + "/v1", "resend", args, load_tokenizer("default"),
+                              seed=5, turns=2)
+    assert second.prompt_tokens > first.prompt_tokens + first.output_tokens + 8
+    assert second.usage_cached_tokens > 0  # the resent prefix was found in cache
