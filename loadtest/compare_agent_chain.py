@@ -1,12 +1,13 @@
-"""One command, one server: an agent's tool chain on `/v1/responses` three ways, side by side.
+"""One command, one server: an agent's tool chain on `/v1/responses` four ways, side by side.
 
     ws      WebSocket mode: one socket per chain, `response.create` with previous_response_id
     chain   HTTP (SSE) with previous_response_id: the server keeps the history
     resend  HTTP (SSE), store false, the whole history resent every turn
+    ws-local  WebSocket mode with store false: the chain lives in the socket's memory only
 
 Each chain is N turns (a user message, then the output of the tool the model was forced
 to call, small), one chain at a time, greedy. Chains are interleaved (ws, chain, resend,
-then rotated) so load from other work on the box hits the three alike. Each variant gets
+ws-local, then rotated) so load from other work on the box hits them alike. Each variant gets
 its own random texts of the same lengths: the same text would find another variant's
 chain in the prefix cache. The server keeps its prefix cache (as deployed): every variant
 finds its earlier turns there. Reported: per-turn TTFT (first output event: a forced call
@@ -68,7 +69,8 @@ def compare(args: argparse.Namespace) -> dict:
         for index, mode in enumerate(MODES):  # first-use costs of each path, discarded
             one_chain(url, mode, args, tokenizer, 10_000 + index, 3)
         for chain in range(args.chains):
-            order = MODES[chain % 3:] + MODES[:chain % 3]
+            shift = chain % len(MODES)
+            order = MODES[shift:] + MODES[:shift]
             for mode in order:
                 seed = args.seed + 100 * chain + MODES.index(mode)
                 records = one_chain(url, mode, args, tokenizer, seed, args.turns)

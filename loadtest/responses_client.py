@@ -3,11 +3,13 @@
 A session is a tool chain: its first turn is a user message, each later turn the output
 of the tool the model called in the turn before (a `function_call_output` answering its
 `call_id`, the turn's prompt text as the tool's result). Every turn forces a call
-(`tool_choice` naming the one function), so a chain never ends early. Three ways to send
-the chain, the three an agent has:
+(`tool_choice` naming the one function), so a chain never ends early. The ways an agent
+has to send the chain:
 
     ws      WebSocket mode (GET /v1/responses): `response.create` events with
             previous_response_id, one socket per chain
+    ws-local  the same with store false: the socket keeps the chain's last response in
+            memory (OpenAI's WebSocket mode keeps it so), the store is never touched
     chain   HTTP POST (SSE) with previous_response_id: the server keeps the history
     resend  HTTP POST (SSE) with store false, `input` the whole history so far
 
@@ -36,7 +38,7 @@ FORCED = {"type": "function", "name": "lookup"}
 _FINISH = {"response.completed": "stop", "response.incomplete": "length",
            "response.failed": "error"}
 _DELTAS = ("response.output_text.delta", "response.function_call_arguments.delta")
-MODES = ("ws", "chain", "resend")
+MODES = ("ws", "chain", "resend", "ws-local")
 
 
 class ToolChain:
@@ -62,6 +64,8 @@ class ToolChain:
         if self.backend.mode == "resend":
             self.history += items
             return {**body, "input": list(self.history), "store": False}
+        if self.backend.mode == "ws-local":
+            body["store"] = False
         return {**body, "input": items, "previous_response_id": self.previous}
 
     def answered(self, response: dict, record: RequestRecord) -> None:
@@ -142,7 +146,7 @@ class ResponsesBackend:
         return ToolChain(self)
 
     async def send(self, chain: ToolChain, body: dict, record: RequestRecord) -> dict | None:
-        if self.mode == "ws":
+        if self.mode.startswith("ws"):
             return await self._over_socket(chain, body, record)
         return await self._over_http(body, record)
 

@@ -160,14 +160,16 @@ def test_a_responses_endpoint_on_the_wrong_url_is_refused(capsys):
     assert rc == 2 and "url" in capsys.readouterr().err
 
 
-def test_agent_chain_comparison_resends_the_whole_history(tokenwire_url):
-    """The comparison's third variant (loadtest.compare_agent_chain): HTTP with store
-    false, the client resending every item so far; turn 2 sees turn 1's call whole."""
+@pytest.mark.parametrize("mode", ["resend", "ws-local"])
+def test_agent_chain_comparison_variants_carry_the_history(tokenwire_url, mode):
+    """The comparison's variants beyond the loadtest's (loadtest.compare_agent_chain):
+    HTTP with store false, the client resending every item so far, and WebSocket mode
+    with store false, the socket keeping the chain; turn 2 sees turn 1's call whole."""
     from loadtest.compare_agent_chain import one_chain
     from loadtest.tokenizer import load_tokenizer
 
     args = argparse.Namespace(first_turn_len=8, tool_output_len=8, output_len=48)
-    first, second = one_chain(tokenwire_url + "/v1", "resend", args, load_tokenizer("default"),
+    first, second = one_chain(tokenwire_url + "/v1", mode, args, load_tokenizer("default"),
                               seed=5, turns=2)
     assert second.prompt_tokens > first.prompt_tokens + first.output_tokens + 8
     assert second.usage_cached_tokens > 0  # the resent prefix was found in cache
