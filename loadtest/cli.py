@@ -3,6 +3,7 @@
     tokenwire loadtest --url ws://127.0.0.1:8000/v1/ws --num-prompts 200 --request-rate 8
     tokenwire loadtest --url ws://127.0.0.1:8000/v1/realtime --max-concurrency 16
     tokenwire loadtest --url http://127.0.0.1:8000/v1 --endpoint chat --dataset sessions
+    tokenwire loadtest --url ws://127.0.0.1:8000/v1/responses --endpoint responses-ws --turns 20
 """
 from __future__ import annotations
 
@@ -25,17 +26,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=d.url, help="ws://HOST:PORT/v1/ws, ws://HOST:PORT/v1/realtime "
                    "or http://HOST:PORT/v1")
     p.add_argument("--endpoint", choices=ENDPOINTS, default=d.endpoint,
-                   help="raw prompt (completions) or one user message (chat)")
+                   help="raw prompt (completions), one user message (chat), or tool chains "
+                        "on /v1/responses over HTTP with previous_response_id (responses) or "
+                        "WebSocket mode (responses-ws)")
     p.add_argument("--msgpack", action="store_true", help="WebSocket frames as msgpack")
     p.add_argument("--model", help="HTTP model name (default: the server's first model)")
-    p.add_argument("--dataset", choices=DATASETS, default=d.dataset)
+    p.add_argument("--dataset", choices=DATASETS, default=None,
+                   help="default: sessions (tool chains) for responses endpoints, else random")
     p.add_argument("--prompts-file", help="one prompt per line, or JSONL with `prompt`")
     p.add_argument("--num-prompts", type=int, default=d.num_prompts)
     p.add_argument("--random-input-len", type=int, default=d.random_input_len)
     p.add_argument("--random-output-len", type=int, default=d.random_output_len)
     p.add_argument("--random-range-ratio", type=float, default=d.random_range_ratio)
     p.add_argument("--num-sessions", type=int, default=d.num_sessions)
-    p.add_argument("--turns", type=int, default=d.turns, help="user turns per session")
+    p.add_argument("--turns", type=int, default=d.turns,
+                   help="turns per session (per tool chain with responses endpoints)")
     p.add_argument("--first-turn-len", type=int, default=None,
                    help="input tokens of each session's first turn, the history the later "
                         "turns carry (default: --random-input-len)")
@@ -65,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
     return LoadTestConfig(
         url=args.url, endpoint=args.endpoint, use_msgpack=args.msgpack, model=args.model,
-        dataset=args.dataset, prompts_file=args.prompts_file, num_prompts=args.num_prompts,
+        dataset=args.dataset or default_dataset(args.endpoint), prompts_file=args.prompts_file, num_prompts=args.num_prompts,
         random_input_len=args.random_input_len, random_output_len=args.random_output_len,
         random_range_ratio=args.random_range_ratio, num_sessions=args.num_sessions,
         turns=args.turns, first_turn_len=args.first_turn_len, think_time=args.think_time,
@@ -75,6 +80,11 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
         temperature=args.temperature, ignore_eos=args.ignore_eos, tokenizer=args.tokenizer,
         percentiles=tuple(float(p) for p in args.percentiles.split(",") if p.strip()),
         goodput=parse_goodput(args.goodput))
+
+
+def default_dataset(endpoint: str) -> str:
+    """A responses endpoint drives tool chains (sessions); the others, single prompts."""
+    return "sessions" if endpoint.startswith("responses") else LoadTestConfig().dataset
 
 
 def run(args: argparse.Namespace) -> int:

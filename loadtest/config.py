@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 DATASETS = ("random", "file", "sessions")
-ENDPOINTS = ("completions", "chat")
+ENDPOINTS = ("completions", "chat", "responses", "responses-ws")
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,7 +15,8 @@ class LoadTestConfig:
     """What to drive, with which workload and arrival process, and what to report.
 
     url: ws://HOST:PORT/v1/ws (protocol v1), ws://HOST:PORT/v1/realtime (OpenAI Realtime,
-    text; always the chat template) or http://HOST:PORT/v1 (OpenAI-compatible).
+    text; always the chat template), ws://HOST:PORT/v1/responses (endpoint responses-ws)
+    or http://HOST:PORT/v1 (OpenAI-compatible).
     Non-loopback hosts are refused unless allow_remote: a load test is not for others' servers.
     """
 
@@ -73,11 +74,22 @@ class LoadTestConfig:
         _check(not (self.is_realtime and (self.ignore_eos or self.use_msgpack)), "url",
                "without --ignore-eos and --msgpack for /v1/realtime (the Realtime API has "
                "neither)")
+        _check(not self.is_responses or (self.is_websocket == (self.endpoint == "responses-ws")),
+               "url", "ws(s)://HOST:PORT/v1/responses with --endpoint responses-ws, "
+               "http(s)://HOST:PORT/v1 with --endpoint responses")
+        _check(not (self.is_responses and (self.ignore_eos or self.use_msgpack)), "endpoint",
+               "without --ignore-eos and --msgpack for responses (the Responses API has "
+               "neither)")
         _check(all(0 < p <= 100 for p in self.percentiles), "percentiles", "in (0, 100]")
 
     @property
     def is_websocket(self) -> bool:
         return self.url.startswith("ws")
+
+    @property
+    def is_responses(self) -> bool:
+        """Tool chains on /v1/responses (loadtest/responses_client.py)."""
+        return self.endpoint.startswith("responses")
 
     @property
     def is_realtime(self) -> bool:

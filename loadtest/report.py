@@ -104,8 +104,9 @@ def run_facts(cfg: LoadTestConfig, model: str | None) -> dict:
     """What the summary says about the run itself: target, transport and workload shape."""
     rate = "inf" if math.isinf(cfg.request_rate) else cfg.request_rate
     # Sessions always speak chat (WS `chat` turns, or /chat/completions over HTTP), and so
-    # does the Realtime API.
-    endpoint = "chat" if cfg.dataset == "sessions" or cfg.is_realtime else cfg.endpoint
+    # does the Realtime API; responses endpoints run tool chains either way.
+    endpoint = cfg.endpoint if cfg.is_responses else \
+        "chat" if cfg.dataset == "sessions" or cfg.is_realtime else cfg.endpoint
     return {"url": cfg.url, "endpoint": endpoint, "model": model,
             "transport": "realtime" if cfg.is_realtime else "ws+msgpack" if cfg.use_msgpack
             else ("ws" if cfg.is_websocket else "http"),

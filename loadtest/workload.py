@@ -9,6 +9,7 @@ from loadtest import datasets
 from loadtest.backends import HttpBackend, WsBackend
 from loadtest.config import LoadTestConfig
 from loadtest.realtime_client import RealtimeBackend
+from loadtest.responses_client import ResponsesBackend
 from loadtest.runner import Runner, RunResult
 
 
@@ -33,6 +34,10 @@ def build_workload(cfg: LoadTestConfig, tokenizer) -> dict:
 
 
 def make_backend(cfg: LoadTestConfig):
+    if cfg.is_responses:
+        mode = "ws" if cfg.is_websocket else "chain"
+        return ResponsesBackend(cfg.url, mode, cfg.model, cfg.temperature,
+                                cfg.connect_timeout)
     if cfg.is_realtime:
         return RealtimeBackend(cfg.url, cfg.temperature, cfg.connect_timeout)
     if cfg.is_websocket:

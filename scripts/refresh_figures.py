@@ -122,6 +122,8 @@ FIGURES = (
     # --device cpu: left out, `auto` would pick CUDA where there is one.
     Figure("realtime-vs-ws", "python -m loadtest.compare_realtime --device cpu --concurrency 16 "
            "--num-prompts 64 --input-len 128 --output-len 64 --repeat 3", keep=LastLines(4)),
+    Figure("agent-chain", "python -m loadtest.compare_agent_chain --device cpu --turns 20 "
+           "--chains 5"),
     Figure("online-vs-offline", "python -m loadtest.compare offline --device cpu "
            "--concurrency 16 --num-prompts 32 --input-len 128 --output-len 64 --repeat 2 "
            "--interleave"),

@@ -6,6 +6,7 @@ the output tokens the client counted from its deltas.
 """
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -131,3 +132,44 @@ def test_realtime_sessions_show_prefix_cache_hits_on_later_turns(tokenwire_url, 
     first, second = result["per_turn"]
     assert second["mean_prompt_tokens"] > first["mean_prompt_tokens"]
     assert second["mean_cached_tokens"] > first["mean_cached_tokens"]
+
+
+@pytest.mark.parametrize("endpoint,path", [("responses-ws", "/v1/responses"),
+                                           ("responses", "/v1")])
+def test_responses_tool_chains_grow_turn_by_turn(tokenwire_url, tmp_path, endpoint, path):
+    """Two 2-turn tool chains (the default dataset of a responses endpoint): each turn a
+    forced call, the next turn its output; turn 2 sees turn 1 and finds it in cache."""
+    url = (tokenwire_url.replace("http", "ws") if endpoint == "responses-ws"
+           else tokenwire_url) + path
+    result = run_loadtest(
+        tmp_path, endpoint, "--url", url, "--endpoint", endpoint, "--num-sessions", "2",
+        "--turns", "2", "--random-input-len", "8", "--random-output-len", "48",
+        "--percentiles", "50,99")
+    assert result["endpoint"] == endpoint and result["dataset"] == "sessions"
+    assert result["completed"] == 4 and result["failed"] == 0, result.get("errors_by_code")
+    assert result["mean_ttft_ms"] > 0 and all(n > 0 for n in result["output_lens"])
+    first, second = result["per_turn"]
+    # Turn 2's prompt holds turn 1's, its call (at least the shortest reply's tokens) and
+    # the tool's output: the chain's history reached the model.
+    assert second["mean_prompt_tokens"] > first["mean_prompt_tokens"] + min(result["output_lens"])
+    assert second["mean_cached_tokens"] > first["mean_cached_tokens"]
+
+
+def test_a_responses_endpoint_on_the_wrong_url_is_refused(capsys):
+    rc = main(["--url", "http://127.0.0.1:9/v1", "--endpoint", "responses-ws"])
+    assert rc == 2 and "url" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["resend", "ws-local"])
+def test_agent_chain_comparison_variants_carry_the_history(tokenwire_url, mode):
+    """The comparison's variants beyond the loadtest's (loadtest.compare_agent_chain):
+    HTTP with store false, the client resending every item so far, and WebSocket mode
+    with store false, the socket keeping the chain; turn 2 sees turn 1's call whole."""
+    from loadtest.compare_agent_chain import one_chain
+    from loadtest.tokenizer import load_tokenizer
+
+    args = argparse.Namespace(first_turn_len=8, tool_output_len=8, output_len=48)
+    first, second = one_chain(tokenwire_url + "/v1", mode, args, load_tokenizer("default"),
+                              seed=5, turns=2)
+    assert second.prompt_tokens > first.prompt_tokens + first.output_tokens + 8
+    assert second.usage_cached_tokens > 0  # the resent prefix was found in cache
