@@ -232,7 +232,7 @@ def _http_script(stream: bool) -> list[tuple]:
         ("POST", "/v1/chat/completions", {**chat, "temperature": 500}),
         ("POST", "/v1/chat/completions", {**chat, "top_logprobs": 2}),
         ("POST", "/v1/chat/completions", {**chat, "max_completion_tokens": 10**6}),
-        ("POST", "/v1/chat/completions", {**chat, "parallel_tool_calls": False}),
+        ("POST", "/v1/chat/completions", {**chat, "logit_bias": {"42": 5}}),
         ("POST", "/v1/chat/completions", {**chat, "messages": []}),
         ("POST", "/v1/chat/completions", {**chat, "tools": [{"type": "function", "function": {
             "name": "f", "parameters": {"type": "object"}}}]}),

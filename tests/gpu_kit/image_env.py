@@ -16,18 +16,26 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = {"common", "gateway", "scheduler", "engine", "kernels", "loadtest", "tests"}
 SOURCES = ("common", "gateway", "scheduler", "engine", "kernels", "loadtest", "tests", "scripts")
+# Third-party clients that CPU tests drive and import inside those tests only (never at
+# module level), so collection on the GPU machine does not need them.
+CPU_ONLY_CLIENTS = {"langchain-openai": "tests/gateway/test_agent_clients.py",
+                    "litellm": "tests/gateway/test_agent_clients.py"}
 # pytest plugins the suite needs that no module imports by name.
 PLUGINS = {"pytest-asyncio": "asyncio_mode = auto (pyproject.toml), async tests",
            "pytest-aiohttp": "the aiohttp_server fixture (tests/loadtest/conftest.py)"}
 
+# Blocked packages look absent, as on the image: imports of them fail, and a library's
+# availability probe (importlib.util.find_spec, as accelerate's is_boto3_available) gets
+# None instead of an exception.
 _BLOCKER = '''import os, sys
+from importlib.machinery import PathFinder
 _BLOCKED = frozenset(os.environ["REHEARSAL_BLOCKED"].split(","))
-class _NotOnImage:
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in _BLOCKED:
-            raise ModuleNotFoundError(f"No module named {name!r} (not on the GPU image)",
-                                      name=name)
-sys.meta_path.insert(0, _NotOnImage())
+_find_spec = PathFinder.find_spec
+def _not_on_image(cls, fullname, path=None, target=None):
+    if fullname.partition(".")[0] in _BLOCKED:
+        return None
+    return _find_spec(fullname, path, target)
+PathFinder.find_spec = classmethod(_not_on_image)
 '''
 
 
