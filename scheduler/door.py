@@ -94,6 +94,11 @@ class Scheduler:
             raise
         return Admission(ticket, self.model)
 
+    def check_door(self, ask: Ask) -> None:
+        """Raise Rejected (or InvalidAdmission) if the door refuses even an empty prompt
+        now: checked before a prompt is rendered, so a refusal costs no tokenizer time."""
+        self.admission.check_door(ask.kind, ask.priority, ask.socket, ask.owner)
+
     def refuse_queued(self, code: str, retry_after_ms: int, message: str) -> None:
         """Refuse every request still waiting for an engine slot (a drain's deadline)."""
         self.admission.refuse_queued(code, retry_after_ms, message)
