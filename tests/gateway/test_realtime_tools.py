@@ -13,8 +13,14 @@ import pytest
 from realtime_helpers import connect, recv, recv_until, say, types
 from ws_helpers import recv_type
 
+from gateway.config import GatewayConfig
+from gateway.realtime.conversation import Conversation
+from gateway.realtime.events import ResponseConfig
+from gateway.realtime.prompt import for_template, response_messages
+from gateway.sessions.live import LiveSession
 from gateway.sessions.sqlite import SqliteSessionStore
-from gateway.sessions.store import decode_record, encode_record
+from gateway.sessions.store import SessionRecord, decode_record, encode_record
+from gateway.tools.plan import FunctionDef, for_model
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
@@ -188,3 +194,31 @@ def test_sessions_stored_before_tools_still_load():
     # A session without tools is stored as before (an older server can still read it).
     assert json.loads(encode_record(decode_record("s1", old, 0.0, 1), 1 << 20)[0]) == \
         json.loads(old)
+
+
+def test_a_responses_text_and_calls_render_as_one_assistant_turn():
+    """For a template that renders tools itself: the items of one response (its text,
+    then each call) are one assistant turn with all its calls, arguments as objects."""
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 2}'}}
+    history = [{"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": "Let me look."},
+               {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "assistant", "content": "", "tool_calls": [{**call, "id": "call_2"}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    plan = for_model(GatewayConfig(), _NativeModel(), [FunctionDef("get_weather")], "auto",
+                     None)
+    conversation = Conversation(LiveSession(SessionRecord("s1", None, None, {}, history)), 64)
+    messages = for_template(response_messages(conversation, ResponseConfig(), None, None),
+                            plan, plan.format)
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[1]["content"] == "Let me look."
+    assert [c["id"] for c in messages[1]["tool_calls"]] == ["call_1", "call_2"]
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo", "days": 2}
+
+
+class _NativeModel:
+    """What tool planning reads of a model whose template renders tools (Qwen's)."""
+
+    supports_tools = True
+    chat_template = "{% if tools %}<tools></tools>{% endif %}<tool_call>"
