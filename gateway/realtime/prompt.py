@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from gateway.realtime import events as ev
 from gateway.realtime.conversation import Conversation
-from gateway.tools.fallback import render_turns
+from gateway.tools.fallback import without_tools
 from gateway.tools.formats import ToolFormat
 from gateway.tools.plan import ToolPlan
 
@@ -33,11 +33,7 @@ def response_messages(conversation: Conversation, config: ev.ResponseConfig,
 def for_template(messages: list[dict], plan: ToolPlan | None,
                  fmt: ToolFormat) -> list[dict]:
     """The messages as the chat template takes them (fmt: the model's call syntax)."""
-    if plan is not None:
-        return plan.messages(messages)
-    if any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-        return render_turns(fmt, messages)
-    return messages
+    return plan.messages(messages) if plan is not None else without_tools(fmt, messages)
 
 
 def _input_messages(conversation: Conversation, items: list[ev.Item],

@@ -27,7 +27,7 @@ from gateway.sockets.core import SocketCore
 from gateway.sockets.outbox import OutboxFull
 from gateway.sockets.requests import run_request
 from gateway.stream import Stream
-from gateway.tools.formats import ToolFormat, format_for_template
+from gateway.tools.formats import format_for_model
 
 log = logging.getLogger(__name__)
 # Params' names as Realtime spells them.
@@ -200,19 +200,14 @@ class RealtimeProtocol:
                                event.event_id, "response")
         messages = for_template(response_messages(self.conversation, config,
                                                   self.session.system, event.event_id),
-                                plan, self._call_format())
+                                plan, format_for_model(self.rt.model,
+                                                       self.rt.config.tool_call_parser))
         if plan is not None:
             params = dataclasses.replace(params, response_format=plan.constraint())
         response = Response(event.event_id, self.conversation_id if in_band else None,
                             params.max_tokens, config.metadata, plan)
         template_tools = plan.template_tools() if plan is not None else None
         self._start_response(response, messages, params, template_tools)
-
-    def _call_format(self) -> ToolFormat:
-        """The served model's tool-call syntax (past calls render in it)."""
-        model = self.rt.model
-        return format_for_template(model.chat_template if model.supports_tools else None,
-                                   self.rt.config.tool_call_parser)
 
     def _start_response(self, response: Response, messages: list[dict], params,
                         template_tools: list[dict] | None) -> None:

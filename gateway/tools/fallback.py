@@ -37,6 +37,15 @@ def render(plan: ToolPlan, messages: list[dict]) -> list[dict]:
     return out
 
 
+def without_tools(fmt: ToolFormat, messages: list[dict]) -> list[dict]:
+    """`messages` for a prompt that shows no tools: past calls and results (a Realtime
+    conversation's, which /v1/ws shares) as text in `fmt`, so any template renders them;
+    a history without any, as it is."""
+    if any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        return render_turns(fmt, messages)
+    return messages
+
+
 def render_turns(fmt: ToolFormat, messages: list[dict]) -> list[dict]:
     """`messages` with every tool turn as text: past calls in `fmt`'s syntax, results as
     user turns. Also for a conversation that holds calls when no tools are shown now."""

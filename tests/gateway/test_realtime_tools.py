@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 from realtime_helpers import connect, recv, recv_until, say, types
 from ws_helpers import recv_type
+from ws_helpers import recv_until as ws_recv_until
 
 from gateway.config import GatewayConfig
 from gateway.realtime.conversation import Conversation
@@ -20,6 +21,8 @@ from gateway.realtime.prompt import for_template, response_messages
 from gateway.sessions.live import LiveSession
 from gateway.sessions.sqlite import SqliteSessionStore
 from gateway.sessions.store import SessionRecord, decode_record, encode_record
+from gateway.tools.fallback import without_tools
+from gateway.tools.formats import HERMES
 from gateway.tools.plan import FunctionDef, for_model
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
@@ -173,6 +176,10 @@ async def test_function_items_survive_a_reconnect_and_a_restart(server, tmp_path
             assert (await ws.receive_json())["resumed"] is True
             await ws.send_json({"type": "session.history"})
             history = (await recv_type(ws, "session.history"))["messages"]
+            # A /v1/ws chat turn on the session renders the calls as text (any template).
+            await ws.send_json({"type": "chat", "id": "t1", "content": "Thanks.",
+                                "params": {"max_tokens": 4}})
+            _, done = await ws_recv_until(ws, "t1")
             await ws.close()
     finally:
         server.stop_app(url)
@@ -180,6 +187,10 @@ async def test_function_items_survive_a_reconnect_and_a_restart(server, tmp_path
     assert history[1]["tool_calls"][0]["id"] == call.call_id
     assert history[1]["tool_calls"][0]["function"]["arguments"] == call.arguments
     assert history[2] == {"role": "tool", "tool_call_id": call.call_id, "content": OUTPUT}
+    system = [{"role": "system", "content": SESSION["instructions"]}]
+    prompt = server.engine.encode_chat(without_tools(HERMES, system + history + [
+        {"role": "user", "content": "Thanks."}]))
+    assert done["type"] == "done" and done["usage"]["prompt_tokens"] == len(prompt)
 
 
 def test_sessions_stored_before_tools_still_load():
