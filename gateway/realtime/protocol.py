@@ -250,29 +250,29 @@ class RealtimeProtocol:
             if response.in_band:
                 self.session.release_turn(response.id)
         response.finish_items(stream)
-        previous, joined = None, False
-        if response.in_band and stream.finish_reason and stream.text:
-            previous, joined = await self._join(stream)
+        items = response.messages(stream) if response.in_band and stream.finish_reason else []
+        previous, joined = await self._join(response, items) if items else (None, False)
         for frame in response.closing(stream, previous, joined):
             self.put(frame)
 
-    async def _join(self, stream: Stream) -> tuple[str | None, bool]:
+    async def _join(self, response: Response,
+                    items: list[tuple[str, dict]]) -> tuple[str | None, bool]:
         """The reply's items join the conversation (and the store) before response.done:
-        all of them, or (over max_conversation_items) none."""
-        response: Response = stream.shaper
-        items = response.messages(stream)
+        all of them, or (over max_conversation_items) none. (The id before the first,
+        whether they were saved.)"""
         added = []
         try:
             for item_id, message in items:
-                at = self.conversation.add(message, item_id, None, response.event_id)
+                self.conversation.add(message, item_id, None, response.event_id)
                 added.append(item_id)
         except RealtimeError as exc:
             self._forget_all(added)
             self.put(server.error(exc.code, exc.message, exc.event_id))
             return None, False
+        previous = self.conversation.previous_id(self.conversation.index(added[0], None))
         saved = await asyncio.shield(self._persist(
             response.event_id, lambda: self._forget_all(added)))
-        return self.conversation.previous_id(at - len(added) + 1), saved
+        return previous, saved
 
     def _forget_all(self, item_ids: list[str]) -> None:
         for item_id in item_ids:

@@ -75,9 +75,10 @@ class Response:
 
     def messages(self, stream: Stream) -> list[tuple[str, dict]]:
         """(item id, chat message) of each output, in order, as the conversation keeps
-        them (finish_items() called)."""
+        them (finish_items() called); none for an empty reply."""
         if self.parser is None:
-            return [(self.item_id, {"role": "assistant", "content": stream.text})]
+            text = stream.text
+            return [(self.item_id, {"role": "assistant", "content": text})] if text else []
         return [(self.item_id, {"role": "assistant", "content": self.text})
                 if output is _MESSAGE else
                 (output["id"], {"role": "assistant", "content": "", "tool_calls": [
