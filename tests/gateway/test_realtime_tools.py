@@ -11,6 +11,7 @@ import aiohttp
 import jsonschema
 import pytest
 from realtime_helpers import connect, recv, recv_until, say, types
+from test_realtime_sdk import metric, scrape
 from ws_helpers import recv_type
 from ws_helpers import recv_until as ws_recv_until
 
@@ -67,7 +68,8 @@ async def _send_output(conn, call_id: str, output: str = OUTPUT, **item):
     return done.item
 
 
-async def test_forced_call_then_its_output_gives_a_text_answer(base_url):
+async def test_forced_call_then_its_output_gives_a_text_answer(server, base_url):
+    stops = 'tokenwire_requests_total{finish_reason="stop"}'
     async with connect(base_url) as conn:
         await recv(conn)
         await conn.session.update(session={**SESSION, "tool_choice": "auto"})
@@ -75,8 +77,11 @@ async def test_forced_call_then_its_output_gives_a_text_answer(base_url):
         assert [t.name for t in updated.session.tools] == ["get_weather"]
         assert updated.session.tool_choice == "auto"
 
+        before = metric(await scrape(base_url), stops)
         events, done, call = await _forced_call(conn)
         assert types(events)[-len(CALL_EVENTS):] == CALL_EVENTS
+        # Its `done` had nothing left to send (the call went out whole) and still counts.
+        assert metric(await scrape(base_url), stops) == before + 1
         added, delta, args_done, item_done = events[-len(CALL_EVENTS) + 2:-3]
         assert added.item.type == "function_call" and added.item.status == "in_progress"
         assert delta.delta == args_done.arguments == call.arguments
@@ -84,7 +89,7 @@ async def test_forced_call_then_its_output_gives_a_text_answer(base_url):
         assert args_done.name == "get_weather" and item_done.item.id == call.id
         assert call.call_id.startswith("call_") and call.status == "completed"
 
-        before = await _prompt_size(conn)
+        size = await _prompt_size(conn)
         output_item = await _send_output(conn, call.call_id)
         assert output_item.type == "function_call_output"
         assert output_item.call_id == call.call_id and output_item.output == OUTPUT
@@ -94,8 +99,9 @@ async def test_forced_call_then_its_output_gives_a_text_answer(base_url):
         [message] = answer.response.output
         assert message.type == "message" and message.content[0].text
         # The output is in the prompt (at about 4 characters a token, and more).
-        grown = answer.response.usage.input_tokens - before
+        grown = answer.response.usage.input_tokens - size
         assert grown > len(OUTPUT) // 8, grown
+    assert server.all_blocks_free()
 
 
 async def test_tool_choice_none_shows_no_tools_and_calls_none(base_url):
