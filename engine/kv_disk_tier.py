@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import queue
 import struct
@@ -46,6 +47,8 @@ class DiskTier:
         self.fingerprint = fingerprint
         self.payload_shape = payload_shape
         self.dtype = dtype
+        # payload_shape: [2 * num_layers, block_size, kv_heads, head_dim]
+        self.payload_bytes = math.prod(payload_shape) * dtype.itemsize
         self.stats = TierStats(capacity=capacity)
         self.lock = threading.Lock()  # the index, pending and stats: writer vs. step thread
         self.index: OrderedDict[bytes, int] = self._scan()  # hash -> file bytes, oldest first
@@ -151,7 +154,9 @@ class DiskTier:
         magic, fingerprint, parent, checksum, num_tokens, num_bytes = \
             _HEADER.unpack_from(data)
         body = _HEADER.size + 4 * num_tokens
-        if magic != _MAGIC or fingerprint != self.fingerprint or len(data) != body + num_bytes:
+        if (magic != _MAGIC or fingerprint != self.fingerprint
+                or num_tokens != self.payload_shape[1] or num_bytes != self.payload_bytes
+                or len(data) != body + num_bytes):
             return None
         payload = data[body:]
         if hashlib.sha256(payload).digest() != checksum:

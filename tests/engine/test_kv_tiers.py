@@ -8,6 +8,10 @@ import torch
 
 from engine import LLM
 from engine.block_manager import BlockManager, hash_block_tokens
+from engine.config import EngineConfig
+from engine.errors import ConfigError
+from engine.kv_disk_tier import DiskTier
+from engine.kv_host_tier import TieredBlock
 from engine.kv_tiers import KVTiers
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -213,3 +217,27 @@ def run_blocks(bm, kv_caches, request) -> list[int]:
     block_ids = list(request.block_ids)
     bm.free(request)
     return block_ids
+
+
+def test_a_well_formed_file_of_the_wrong_shape_or_garbage_is_a_miss(tmp_path):
+    """Files another writer put under a block's name (a shared directory) never raise."""
+    shape = (4, 4, 1, 2)
+    disk = DiskTier(str(tmp_path), 1 << 20, bytes(32), shape, torch.float32, 4)
+    good = TieredBlock(None, (1, 2, 3, 4), torch.ones(shape))
+    disk.put(b"a" * 32, good)
+    disk.put(b"b" * 32, TieredBlock(None, (1, 2, 3, 4), torch.ones(2, 4, 1, 2)))
+    disk.put(b"c" * 32, TieredBlock(None, (1, 2, 3), torch.ones(shape)))
+    disk.flush()
+    (tmp_path / (b"d" * 32).hex()).write_bytes(b"garbage")
+    disk = DiskTier(str(tmp_path), 1 << 20, bytes(32), shape, torch.float32, 4)  # restart
+    assert disk.get(b"a" * 32).payload.equal(good.payload)
+    assert [disk.get(h * 32) for h in (b"b", b"c", b"d")] == [None] * 3
+    assert disk.stats.corrupt == 3 and [p.name for p in tmp_path.iterdir()] == [(b"a" * 32).hex()]
+    disk.close()
+
+
+@pytest.mark.parametrize("field, value", [("kv_host_bytes", -1), ("kv_disk_bytes", 0),
+                                          ("kv_disk_queue_blocks", 0), ("kv_disk_dir", " ")])
+def test_bad_tier_settings_are_refused_by_name(field, value):
+    with pytest.raises(ConfigError, match=field):
+        EngineConfig(**{field: value})
