@@ -61,6 +61,10 @@ class DiskTier:
         self.writer.start()
 
     # -- the step thread ------------------------------------------------------------
+    def __contains__(self, block_hash: bytes) -> bool:
+        with self.lock:
+            return block_hash in self.index or block_hash in self.pending
+
     def put(self, block_hash: bytes, block: TieredBlock) -> None:
         """Queue `block` to be written; dropped (counted) when the queue is full."""
         with self.lock:

@@ -42,8 +42,9 @@ class KVTiers:
     def store(self, block_hash: bytes, parent_hash: bytes | None,
               token_ids: tuple[int, ...], block_id: int) -> None:
         """Keep a pool block about to be reused: into host RAM, what that drops to disk."""
-        if self.host.touch(block_hash):
-            return  # loaded from the host tier earlier: the same KV is still there
+        if self.host.touch(block_hash) or (self.host.capacity == 0 and self.disk is not None
+                                           and block_hash in self.disk):
+            return  # loaded from a tier earlier: the same KV is still there
         started = time.perf_counter()
         block = TieredBlock(parent_hash, token_ids, self._read(block_id))
         dropped = self.host.put(block_hash, block)
