@@ -7,7 +7,10 @@
 A full block is registered under its chained hash; a later request with the same prefix
 finds it, after checking the block's parent hash and tokens, so that a collision costs a
 miss and never serves another prefix's KV. A freed block keeps its hash and stays
-findable at the tail of the free queue until it is reused (LRU).
+findable at the tail of the free queue until it is reused (LRU). With `tiers` (engine.kv_tiers)
+a hashed block about to be reused is first written down to host RAM (and from there to
+disk), and a lookup that misses the pool goes on there, loading the blocks it finds into
+free pool blocks.
 """
 from __future__ import annotations
 
@@ -17,8 +20,12 @@ import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.request import Request
+
+if TYPE_CHECKING:  # the block manager hands the tiers block ids; it never loads torch
+    from engine.kv_tiers import KVTiers
 
 _ROOT_PARENT = bytes(32)  # stands for the missing parent of a prompt's first block
 
@@ -61,8 +68,10 @@ class Block:
 class BlockManager:
     """Hands out KV blocks to requests; the free queue is an OrderedDict (O(1) removal)."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 tiers: KVTiers | None = None):
         self.block_size = block_size
+        self.tiers = tiers if enable_prefix_caching else None
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
@@ -86,7 +95,9 @@ class BlockManager:
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of the request's full blocks.
 
-        The last token is never taken from the cache: its logits must be computed.
+        The last token is never taken from the cache: its logits must be computed. Past
+        the pool's last hit the lookup goes on in the tiers below; what they hold is
+        loaded into free pool blocks and registered, as if it had never left.
         """
         if not self.enable_prefix_caching:
             return []
@@ -97,11 +108,37 @@ class BlockManager:
             chunk = tuple(tokens[index * self.block_size:(index + 1) * self.block_size])
             block_hash = hash_block_tokens(parent_hash, chunk)
             block_id = self.hash_to_block.get(block_hash)
+            if block_id is None:
+                block_id = self._load_from_tiers(block_hash, parent_hash, chunk, found)
             if block_id is None or not self.blocks[block_id].holds(parent_hash, chunk):
                 break
             found.append(block_id)
             parent_hash = block_hash
         return found
+
+    def _load_from_tiers(self, block_hash: bytes, parent_hash: bytes | None,
+                         chunk: tuple[int, ...], found: list[int]) -> int | None:
+        """Load the block from a lower tier into the least recently used free pool block
+        that is not one of `found` (those move to the queue's far end first); None on a
+        miss, or when every free block is one of `found`."""
+        if self.tiers is None:
+            return None
+        found_free = [b for b in found if self.blocks[b].ref_count == 0]
+        if len(self.free_queue) <= len(found_free):
+            return None
+        tiered = self.tiers.fetch(block_hash, parent_hash, chunk)
+        if tiered is None:
+            return None
+        for block_id in found_free:
+            self.free_queue.move_to_end(block_id)
+        block_id, _ = self.free_queue.popitem(last=False)
+        block = self.blocks[block_id]
+        self._evict(block)
+        self.tiers.load(block_id, tiered)
+        block.block_hash, block.parent_hash, block.token_ids = block_hash, parent_hash, chunk
+        self.hash_to_block[block_hash] = block_id
+        self.free_queue[block_id] = None  # free and findable, as a pool hit would be
+        return block_id
 
     def cache_full_blocks(self, request: Request) -> None:
         """Register the request's newly filled blocks so later requests can share them."""
@@ -184,7 +221,11 @@ class BlockManager:
         block.ref_count += 1
 
     def _evict(self, block: Block) -> None:
+        """Forget a block's hash as it is reused; the tiers keep its KV first."""
         if block.block_hash is not None:
+            if self.tiers is not None:
+                self.tiers.store(block.block_hash, block.parent_hash, block.token_ids,
+                                 block.block_id)
             if self.hash_to_block.get(block.block_hash) == block.block_id:
                 del self.hash_to_block[block.block_hash]
             block.block_hash, block.parent_hash, block.token_ids = None, None, None

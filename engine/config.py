@@ -45,6 +45,14 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's own, <= 32768; never past its window
     enable_prefix_caching: bool = True
+    # KV tiers under the prefix cache (engine.kv_tiers): a hashed block the pool reuses is
+    # kept in host RAM up to kv_host_bytes (0: off), what that drops goes to files under
+    # kv_disk_dir (None: off) up to kv_disk_bytes, through a writer queue of
+    # kv_disk_queue_blocks (a block arriving at a full queue is dropped).
+    kv_host_bytes: int = 0
+    kv_disk_dir: str | None = None
+    kv_disk_bytes: int = 4 << 30
+    kv_disk_queue_blocks: int = 256
     # "torch" | "triton" | "cpu" (C++ kernels, kernels/cpu) | "auto": triton on CUDA; on
     # CPU, cpu where the kernels build (a C++ compiler is present), else torch
     attention_backend: str = "auto"
@@ -89,6 +97,13 @@ class EngineConfig:
             raise ConfigError("max_json_number_digits", "must be at least 2, or None")
         if not 0.0 < self.grammar_compile_timeout_s <= 3600.0:
             raise ConfigError("grammar_compile_timeout_s", "must be in (0, 3600]")
+        if isinstance(self.kv_host_bytes, bool) or not isinstance(self.kv_host_bytes, int) \
+                or self.kv_host_bytes < 0:
+            raise ConfigError("kv_host_bytes", "must be a non-negative integer (0: off)")
+        _positive("kv_disk_bytes", self.kv_disk_bytes)
+        _positive("kv_disk_queue_blocks", self.kv_disk_queue_blocks)
+        if self.kv_disk_dir is not None and not self.kv_disk_dir.strip():
+            raise ConfigError("kv_disk_dir", "must be a directory path, or None for off")
         if self.num_kv_blocks is not None:
             _positive("num_kv_blocks", self.num_kv_blocks)
         if self.max_model_len is not None:

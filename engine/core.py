@@ -11,6 +11,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineDeadError, InvalidRequestError, PromptTooLongError
 from engine.grammar import GrammarCompiler, new_matcher
 from engine.host_memory import keep_freed_step_buffers
+from engine.kv_tiers import KVTiers, build_kv_tiers
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
 from engine.models.config import context_len
@@ -42,8 +43,9 @@ class EngineCore:
             keep_freed_step_buffers()
         pool_tokens = self.runner.num_blocks * config.block_size
         self.max_model_len = min(wanted_len, pool_tokens)
+        self.kv_tiers: KVTiers | None = build_kv_tiers(config, self.runner, loaded)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size,
-                                   config.enable_prefix_caching)
+                                   config.enable_prefix_caching, self.kv_tiers)
         self.step_scheduler = StepScheduler(self.blocks, config.max_num_seqs,
                                             config.max_num_batched_tokens,
                                             eos_token_ids=self.eos_token_ids,
@@ -220,4 +222,5 @@ class EngineCore:
             fork_shared_tokens=self.blocks.fork_shared_tokens,
             num_preemptions=sched.num_preemptions, prompt_tokens=t.prompt_tokens,
             generation_tokens=t.generation_tokens, steps=t.steps,
-            finish_reasons=dict(t.finish_reasons))
+            finish_reasons=dict(t.finish_reasons),
+            kv_tiers={} if self.kv_tiers is None else self.kv_tiers.stats())

@@ -46,6 +46,21 @@ class CompletionOutput:
 
 
 @dataclass
+class TierStats:
+    """One KV tier below the pool (host RAM or disk): what it holds and what it served."""
+
+    hits: int = 0  # prompt tokens loaded from this tier into the pool
+    bytes: int = 0  # held now
+    capacity: int = 0  # bytes it may hold
+    stores: int = 0  # blocks written to it
+    loads: int = 0  # blocks loaded from it
+    store_seconds: float = 0.0  # spent copying blocks into it
+    load_seconds: float = 0.0  # spent copying blocks back to the pool
+    dropped: int = 0  # blocks let go to stay within capacity (disk: or a full write queue)
+    corrupt: int = 0  # disk: files that failed their check (deleted, counted as misses)
+
+
+@dataclass
 class EngineStats:
     """A snapshot of the engine's load, read by the admission scheduler and /metrics."""
 
@@ -62,6 +77,7 @@ class EngineStats:
     generation_tokens: int = 0
     steps: int = 0
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    kv_tiers: dict[str, TierStats] = field(default_factory=dict)  # "host", "disk" when on
 
     @property
     def kv_usage(self) -> float:

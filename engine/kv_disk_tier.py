@@ -1,0 +1,196 @@
+"""Tier 2 of the KV store: one file per block in a directory, LRU by mtime within a byte bound.
+
+    <dir>/<block hash hex>:  header | token ids (int32 LE) | payload (the KV's raw bytes)
+    header = magic, model fingerprint (32), parent hash (32), payload SHA-256 (32),
+             num_tokens, payload bytes
+
+A file is written to a temporary name and renamed, so a crash mid-write leaves no file
+under a block's name. A read checks the fingerprint (the model, its quantization, the KV
+dtype and every shape), the parent hash and tokens, and the payload's checksum: a file
+that fails (truncated, altered, another model's) is deleted and is a miss. Writes run on
+one writer thread behind a bounded queue; a block waiting there is already findable.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import queue
+import struct
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from engine.kv_host_tier import TieredBlock
+from engine.outputs import TierStats
+
+log = logging.getLogger(__name__)
+
+_MAGIC = b"TWKV\x00\x01\x00\x00"
+_HEADER = struct.Struct("<8s32s32s32sII")
+_NO_PARENT = bytes(32)
+_STALE_TEMP_S = 600.0  # a temporary file this old is a crashed write's leftover
+
+
+class DiskTier:
+    """Blocks as files under `directory`, never over `capacity` bytes in all."""
+
+    def __init__(self, directory: str, capacity: int, fingerprint: bytes,
+                 payload_shape: tuple[int, ...], dtype: torch.dtype, queue_blocks: int):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.capacity = capacity
+        self.fingerprint = fingerprint
+        self.payload_shape = payload_shape
+        self.dtype = dtype
+        # payload_shape: [2 * num_layers, block_size, kv_heads, head_dim]
+        self.payload_bytes = math.prod(payload_shape) * dtype.itemsize
+        self.stats = TierStats(capacity=capacity)
+        self.lock = threading.Lock()  # the index, pending and stats: writer vs. step thread
+        self.index: OrderedDict[bytes, int] = self._scan()  # hash -> file bytes, oldest first
+        self.stats.bytes = sum(self.index.values())
+        self._drop_oldest(capacity)  # a directory filled under a larger bound
+        self.pending: dict[bytes, TieredBlock] = {}
+        self.queue: queue.Queue[tuple[bytes, TieredBlock] | None] = queue.Queue(queue_blocks)
+        self.writer = threading.Thread(target=self._write_loop, name="kv-disk-writer",
+                                       daemon=True)
+        self.writer.start()
+
+    # -- the step thread ------------------------------------------------------------
+    def __contains__(self, block_hash: bytes) -> bool:
+        with self.lock:
+            return block_hash in self.index or block_hash in self.pending
+
+    def put(self, block_hash: bytes, block: TieredBlock) -> None:
+        """Queue `block` to be written; dropped (counted) when the queue is full."""
+        with self.lock:
+            if block_hash in self.index or block_hash in self.pending:
+                return
+            try:
+                self.queue.put_nowait((block_hash, block))
+            except queue.Full:
+                self.stats.dropped += 1
+                return
+            self.pending[block_hash] = block
+
+    def get(self, block_hash: bytes) -> TieredBlock | None:
+        """The block if it is pending or on disk and passes every check, else None."""
+        with self.lock:
+            block = self.pending.get(block_hash)
+            if block is not None or block_hash not in self.index:
+                return block
+            self.index.move_to_end(block_hash)
+        path = self._path(block_hash)
+        try:
+            data = path.read_bytes()
+            os.utime(path)
+        except OSError:
+            self._forget(block_hash, corrupt=False)
+            return None
+        block = self._decode(data)
+        if block is None:
+            log.warning("KV block file %s failed its check; deleted", path.name)
+            self._forget(block_hash, corrupt=True)
+        return block
+
+    def flush(self) -> None:
+        """Wait until every queued block is written."""
+        self.queue.join()
+
+    def close(self) -> None:
+        self.flush()
+        self.queue.put(None)
+        self.writer.join()
+
+    # -- the writer thread ----------------------------------------------------------
+    def _write_loop(self) -> None:
+        while (item := self.queue.get()) is not None:
+            try:
+                self._write(*item)
+            except OSError:
+                log.exception("writing a KV block file failed")
+            finally:
+                with self.lock:
+                    self.pending.pop(item[0], None)
+                self.queue.task_done()
+        self.queue.task_done()
+
+    def _write(self, block_hash: bytes, block: TieredBlock) -> None:
+        started = time.perf_counter()
+        data = self._encode(block)
+        if len(data) > self.capacity:
+            return
+        with self.lock:
+            self._drop_oldest(self.capacity - len(data))
+        temp = self.dir / f".{block_hash.hex()}.{os.getpid()}.{threading.get_ident()}.tmp"
+        temp.write_bytes(data)
+        os.replace(temp, self._path(block_hash))
+        with self.lock:
+            self.index[block_hash] = len(data)
+            self.stats.bytes += len(data)
+            self.stats.stores += 1
+            self.stats.store_seconds += time.perf_counter() - started
+
+    def _drop_oldest(self, room: int) -> None:
+        """Delete the least recently used files until the tier holds at most `room` bytes."""
+        while self.index and self.stats.bytes > room:
+            old_hash, size = self.index.popitem(last=False)
+            self.stats.bytes -= size
+            self.stats.dropped += 1
+            self._path(old_hash).unlink(missing_ok=True)
+
+    # -- files ----------------------------------------------------------------------
+    def _encode(self, block: TieredBlock) -> bytes:
+        payload = block.payload.contiguous().view(torch.uint8).numpy().tobytes()
+        tokens = struct.pack(f"<{len(block.token_ids)}i", *block.token_ids)
+        header = _HEADER.pack(_MAGIC, self.fingerprint, block.parent_hash or _NO_PARENT,
+                              hashlib.sha256(payload).digest(), len(block.token_ids),
+                              len(payload))
+        return header + tokens + payload
+
+    def _decode(self, data: bytes) -> TieredBlock | None:
+        if len(data) < _HEADER.size:
+            return None
+        magic, fingerprint, parent, checksum, num_tokens, num_bytes = \
+            _HEADER.unpack_from(data)
+        body = _HEADER.size + 4 * num_tokens
+        if (magic != _MAGIC or fingerprint != self.fingerprint
+                or num_tokens != self.payload_shape[1] or num_bytes != self.payload_bytes
+                or len(data) != body + num_bytes):
+            return None
+        payload = data[body:]
+        if hashlib.sha256(payload).digest() != checksum:
+            return None
+        tokens = struct.unpack_from(f"<{num_tokens}i", data, _HEADER.size)
+        tensor = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        tensor = tensor.view(self.dtype).reshape(self.payload_shape)
+        return TieredBlock(None if parent == _NO_PARENT else parent, tokens, tensor)
+
+    def _forget(self, block_hash: bytes, corrupt: bool) -> None:
+        with self.lock:
+            size = self.index.pop(block_hash, None)
+            if size is not None:
+                self.stats.bytes -= size
+            self.stats.corrupt += corrupt
+        self._path(block_hash).unlink(missing_ok=True)
+
+    def _path(self, block_hash: bytes) -> Path:
+        return self.dir / block_hash.hex()
+
+    def _scan(self) -> OrderedDict[bytes, int]:
+        """The block files already there (a restart), oldest first; stale temp files go."""
+        found = []
+        for entry in os.scandir(self.dir):
+            stat = entry.stat()
+            if entry.name.endswith(".tmp") and time.time() - stat.st_mtime > _STALE_TEMP_S:
+                os.unlink(entry.path)
+            elif len(entry.name) == 64 and not entry.name.startswith("."):
+                try:
+                    found.append((stat.st_mtime, bytes.fromhex(entry.name), stat.st_size))
+                except ValueError:
+                    continue
+        return OrderedDict((h, size) for _, h, size in sorted(found))
