@@ -37,11 +37,13 @@ _STALE_TEMP_S = 600.0  # a temporary file this old is a crashed write's leftover
 
 
 class DiskTier:
-    """Blocks as files under `directory`, never over `capacity` bytes in all."""
+    """Blocks as files under `directory`, in a folder of their own fingerprint (so models
+    or settings sharing one directory never evict or delete each other's blocks), never
+    over `capacity` bytes in all for this fingerprint."""
 
     def __init__(self, directory: str, capacity: int, fingerprint: bytes,
                  payload_shape: tuple[int, ...], dtype: torch.dtype, queue_blocks: int):
-        self.dir = Path(directory)
+        self.dir = Path(directory) / fingerprint.hex()[:32]
         self.dir.mkdir(parents=True, exist_ok=True)
         self.capacity = capacity
         self.fingerprint = fingerprint

@@ -66,6 +66,12 @@ def evict_then_rerun(llm: LLM, long: list[int], fillers: list[list[int]]):
     return first, llm.generate([long], GREEDY)[0]
 
 
+def block_file(directory, block_hash: bytes):
+    """The file of one block under a disk tier's root (in its fingerprint's folder)."""
+    (path,) = directory.glob(f"*/{block_hash.hex()}")
+    return path
+
+
 def test_host_tier_serves_an_evicted_prefix_with_the_same_output(prompts):
     long, fillers = prompts
     llm = engine(kv_host_bytes=64 << 20)
@@ -131,7 +137,7 @@ def test_a_broken_block_file_is_a_miss_and_is_deleted(prompts, disk_run):
     directory, first = disk_run
     hashes = block_hashes(long)
     for index, break_file in ((10, truncate), (3, flip_a_payload_bit)):
-        path = directory / hashes[index].hex()
+        path = block_file(directory, hashes[index])
         break_file(path)
         llm = engine(kv_disk_dir=str(directory))
         again = llm.generate([long], GREEDY)[0]
@@ -154,13 +160,13 @@ def flip_a_payload_bit(path):
 def test_another_fingerprint_never_reuses_a_block(prompts, disk_run):
     long, _ = prompts
     directory, first = disk_run
-    first_file = directory / block_hashes(long)[0].hex()
-    assert first_file.exists()
+    first_file = block_file(directory, block_hashes(long)[0])
     # the default model keeps its own GGUF quantization, so only the fingerprint differs
     llm = engine(kv_disk_dir=str(directory), quantization="int8")
     again = llm.generate([long], GREEDY)[0]
     assert again.num_cached_tokens == 0 and again.token_ids == first.token_ids
-    assert llm.core.stats().kv_tiers["disk"].corrupt == 1 and not first_file.exists()
+    # its blocks live in a folder of their own: the other settings' blocks are kept
+    assert llm.core.kv_tiers.disk.dir != first_file.parent and first_file.exists()
     llm.core.kv_tiers.close()
 
 
@@ -175,12 +181,12 @@ def test_tiers_stay_within_their_bounds_dropping_the_oldest(prompts, untiered, t
     tiers.disk.flush()
     host, disk = tiers.stats()["host"], tiers.stats()["disk"]
     assert 0 < host.bytes <= host_bytes and host.dropped > 0
-    assert sum(p.stat().st_size for p in tmp_path.iterdir()) == disk.bytes <= disk_bytes
+    assert sum(p.stat().st_size for p in tiers.disk.dir.iterdir()) == disk.bytes <= disk_bytes
     assert disk.dropped > 0
     # a finished request's blocks are reused tail first: the order they were evicted in
     evicted = [h for prompt in [long, *fillers] for h in reversed(block_hashes(prompt))
                if h not in llm.core.blocks.hash_to_block]
-    on_disk = [(tmp_path / h.hex()).exists() for h in evicted]
+    on_disk = [(tiers.disk.dir / h.hex()).exists() for h in evicted]
     in_host = [h in tiers.host for h in evicted]
     assert in_host == [False] * (len(evicted) - 10) + [True] * 10  # the newest 10
     kept = [d or h for d, h in zip(on_disk, in_host)]
@@ -228,11 +234,16 @@ def test_a_well_formed_file_of_the_wrong_shape_or_garbage_is_a_miss(tmp_path):
     disk.put(b"b" * 32, TieredBlock(None, (1, 2, 3, 4), torch.ones(2, 4, 1, 2)))
     disk.put(b"c" * 32, TieredBlock(None, (1, 2, 3), torch.ones(shape)))
     disk.flush()
-    (tmp_path / (b"d" * 32).hex()).write_bytes(b"garbage")
+    (disk.dir / (b"d" * 32).hex()).write_bytes(b"garbage")
+    stranger = DiskTier(str(tmp_path), 1 << 20, b"x" * 32, shape, torch.float32, 4)
+    stranger.put(b"e" * 32, good)  # another fingerprint's block, copied under ours
+    stranger.flush()
+    shutil.copy(stranger.dir / (b"e" * 32).hex(), disk.dir)
+    stranger.close()
     disk = DiskTier(str(tmp_path), 1 << 20, bytes(32), shape, torch.float32, 4)  # restart
     assert disk.get(b"a" * 32).payload.equal(good.payload)
-    assert [disk.get(h * 32) for h in (b"b", b"c", b"d")] == [None] * 3
-    assert disk.stats.corrupt == 3 and [p.name for p in tmp_path.iterdir()] == [(b"a" * 32).hex()]
+    assert [disk.get(h * 32) for h in (b"b", b"c", b"d", b"e")] == [None] * 4
+    assert disk.stats.corrupt == 4 and [p.name for p in disk.dir.iterdir()] == [(b"a" * 32).hex()]
     disk.close()
 
 
