@@ -91,6 +91,7 @@ class SessionRecord:
     updated_at: float = 0.0  # set by the store's clock on every save
     version: int = 0  # the stored version this copy was loaded at; 0: never saved
     response: dict | None = None  # a stored Responses API response (responses/stored.py)
+    model: str | None = None  # the model it talks to; None: the default (one model served)
 
 
 class SessionStore(Protocol):
@@ -204,7 +205,8 @@ def encode_record(record: SessionRecord, limit: int) -> tuple[str, int]:
     the per-session byte cap; the size is what counts towards max_bytes_per_key."""
     fields = {"owner": record.owner, "system": record.system, "params": record.params,
               "messages": record.messages, **({"response": record.response}
-                                              if record.response is not None else {})}
+                                              if record.response is not None else {}),
+              **({"model": record.model} if record.model is not None else {})}
     body = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
     size = len(body.encode("utf-8"))
     if size > limit:
@@ -220,7 +222,8 @@ def owner_key(owner: str | None) -> str:
 def decode_record(session_id: str, body: str, updated_at: float, version: int) -> SessionRecord:
     data = json.loads(body)
     return SessionRecord(session_id, data["owner"], data["system"], data["params"],
-                         data["messages"], updated_at, version, data.get("response"))
+                         data["messages"], updated_at, version, data.get("response"),
+                         data.get("model"))
 
 
 class _Row(NamedTuple):
