@@ -34,7 +34,7 @@ from gateway.sessions.store import MemorySessionStore, SessionStore
 from gateway.sockets.guard import ConnectionGuard, GuardedRunner
 from gateway.ws.route import ws_handler
 from scheduler.door import Scheduler
-from scheduler.metrics import register_metrics
+from scheduler.metrics import register_metrics, register_model_metrics
 
 STATIC = Path(__file__).parent / "static"
 CLOSE_SERVICE_RESTART = 1012
@@ -47,6 +47,7 @@ def build_app(config: GatewayConfig, scheduler: Scheduler,
     store = store if store is not None else MemorySessionStore()
     metrics = Metrics(scheduler.stats, scheduler.gpu_sample)
     register_metrics(metrics.registry, scheduler.admission)
+    register_model_metrics(metrics.registry, scheduler)
     rt = Runtime(config, metrics, scheduler, SessionRegistry(store))
     # Read at scrape time: a session leaves the registry when its last save lands, which
     # can be after its last socket closed.

@@ -147,7 +147,11 @@ class ModelSlot:
 
     @property
     def name(self) -> str:
-        return self._name if self._name is not None else self._engine.model_name
+        if self._name is not None:
+            return self._name
+        if self._engine is not None or self._given is not None:
+            return (self._engine or self._given).model_name
+        return served_name(self._config.model)  # what the engine will call it
 
     @property
     def source(self) -> str:

@@ -104,8 +104,6 @@ class ModelRegistry:
             asyncio.get_running_loop().create_task(self._notify_idle())
 
     async def ensure_loaded(self, slot: ModelSlot) -> None:
-        if slot.state == READY and not slot.alive and slot.loaded:
-            slot.state, slot.reason = FAILED, "the model's engine stopped"
         if slot.state == FAILED:
             raise ModelUnavailable(slot.reason)
         if slot.loaded:

@@ -1,7 +1,8 @@
 """Several models in one `tokenwire serve` process (docs/models.md), over real clients.
 
 Two servers, each its own process on loopback:
-  small: a=dummy:tiny (default), b=dummy:tiny (on demand), broken (a corrupt model dir)
+  small: a=dummy:tiny (default), b=dummy:tiny (on demand), broken (a corrupt model dir,
+         from a --models TOML file)
   big:   dummy:tiny (default), b and c = dummy:smollm2-135m (~1.1 GB each loaded) under a
          memory budget that fits the default and one of them, keep-alive 4 s
 """
@@ -70,8 +71,10 @@ def small(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("small")
     (tmp / "broken").mkdir()
     (tmp / "broken" / "config.json").write_text("{not json")  # a corrupt model
+    (tmp / "models.toml").write_text(f'[[model]]\nname = "broken"\nsource = "{tmp / "broken"}"'
+                                     '\nkeep_alive_s = 0\nmax_model_len = 512\n')
     url, proc = _serve(tmp, "small", "--model", "a=dummy:tiny", "--model", "b=dummy:tiny",
-                       "--model", f"broken={tmp / 'broken'}", "--keep-alive", "-1")
+                       "--models", str(tmp / "models.toml"), "--keep-alive", "-1")
     yield url
     _stop(proc)
 
@@ -262,3 +265,13 @@ async def test_a_budget_for_one_model_alternates_them_with_no_failure(big):
         cards = await _cards(url)
         assert [cards[m]["state"] for m in "bc"].count("loaded") == 1
     assert cards["dummy:tiny"]["state"] == "loaded"  # the budget never unloads the default
+
+
+async def test_metrics_carry_the_model_label(small):
+    await _client(small).completions.create(model="b", prompt="Hi", max_tokens=2)
+    async with aiohttp.ClientSession() as s, s.get(small + "/metrics") as r:
+        text = await r.text()
+    assert 'tokenwire_model_state{model="b",state="loaded"} 1.0' in text
+    assert 'tokenwire_model_state{model="a",state="loaded"} 1.0' in text
+    assert 'tokenwire_model_loads_total{model="b"}' in text
+    assert "tokenwire_admission_queue_requests " in text  # the unlabelled one stays
