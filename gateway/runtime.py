@@ -26,7 +26,7 @@ from gateway.stream import Stream
 from gateway.tokens import ClientSecrets
 from scheduler.door import Admission, Ask, Scheduler
 from scheduler.models import FAILED, UNLOADED, ModelSlot
-from scheduler.registry import ModelUnavailable, UnknownModel
+from scheduler.registry import ModelRegistry, ModelUnavailable, UnknownModel
 from scheduler.ticket import InvalidAdmission, Rejected
 
 T = TypeVar("T")
@@ -99,10 +99,7 @@ class Runtime:
         load (the loader's error)."""
         slot, models = self.model, self.scheduler.models
         asyncio.current_task().add_done_callback(lambda _: models.release(slot))
-        try:
-            await models.hold(slot)
-        except ModelUnavailable as exc:
-            raise RequestError(exc.code, str(exc), request_id) from None
+        await _hold(models, slot, request_id)
         return slot
 
     @contextlib.asynccontextmanager
@@ -110,10 +107,7 @@ class Runtime:
         """hold_model for a block rather than the task's life."""
         slot, models = self.model, self.scheduler.models
         try:
-            try:
-                await models.hold(slot)
-            except ModelUnavailable as exc:
-                raise RequestError(exc.code, str(exc), request_id) from None
+            await _hold(models, slot, request_id)
             yield slot
         finally:
             models.release(slot)
@@ -167,6 +161,18 @@ class Runtime:
             self.metrics.refusal_time.observe(time.perf_counter() - stream.received)
             raise RequestError(exc.code, str(exc), stream.id,
                                retry_after_ms=exc.retry_after_ms) from None
+
+
+async def _hold(models: ModelRegistry, slot: ModelSlot, request_id: str | None) -> None:
+    """ModelRegistry.hold, its refusals as RequestErrors: model_unavailable (the loader's
+    error), overloaded (too many waiting for the load)."""
+    try:
+        await models.hold(slot)
+    except ModelUnavailable as exc:
+        raise RequestError(exc.code, str(exc), request_id) from None
+    except Rejected as exc:
+        raise RequestError(exc.code, str(exc), request_id,
+                           retry_after_ms=exc.retry_after_ms) from None
 
 
 RUNTIME = web.AppKey("runtime", Runtime)

@@ -80,7 +80,10 @@ class Scheduler:
                  memory_budget: int | None = None):
         self.config = config
         self.model = model
-        self.models = ModelRegistry([model, *others], memory_budget)
+        self.models = ModelRegistry(
+            [model, *others], memory_budget,
+            config.max_running_requests + config.max_waiting_requests,
+            config.retry_after_max_ms)
         self.sampler = sampler if sampler is not None else ResourceSampler(
             config.nvml_interval_s)
         self.admission = AdmissionController(config, model.stats, self.sampler)

@@ -22,6 +22,8 @@ import logging
 import time
 
 from scheduler.models import FAILED, READY, UNLOADED, ModelSlot
+from scheduler.policy import OVERLOADED
+from scheduler.ticket import Rejected
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +53,16 @@ class ModelBusy(RuntimeError):
 class ModelRegistry:
     """The models in --model order (the first is the default), their holds and loads."""
 
-    def __init__(self, slots: list[ModelSlot], memory_budget: int | None = None):
+    def __init__(self, slots: list[ModelSlot], memory_budget: int | None = None,
+                 max_load_waiters: int = 160, retry_after_ms: int = 1000):
         if not slots:
             raise ValueError("at least one model is served")
         self.slots = slots
         self.memory_budget = memory_budget
+        # Requests that may wait for one model's load; beyond, `overloaded` (a load can
+        # take a minute: its waiters are bounded like the admission queue they go to).
+        self.max_load_waiters = max_load_waiters
+        self.retry_after_ms = retry_after_ms
         self._holds: dict[ModelSlot, int] = {s: 0 for s in slots}
         self._last_used: dict[ModelSlot, float] = {s: 0.0 for s in slots}
         self._loads: dict[ModelSlot, asyncio.Task] = {}
@@ -91,8 +98,12 @@ class ModelRegistry:
     # -- holding ---------------------------------------------------------------------------
     async def hold(self, slot: ModelSlot) -> None:
         """Hold `slot` loaded, loading it (or joining its load) first; ModelUnavailable
-        when it cannot load. Every hold, even a failed one, ends with release(slot)."""
+        when it cannot load, Rejected (overloaded) when too many wait for its load. Every
+        hold, even a refused one, ends with release(slot)."""
         self._holds[slot] += 1
+        if not slot.loaded and self._holds[slot] > self.max_load_waiters:
+            raise Rejected(OVERLOADED, self.retry_after_ms, f"model {slot.name!r} is "
+                           f"loading and {self.max_load_waiters} requests wait for it")
         self._touch(slot)
         await self.ensure_loaded(slot)
 

@@ -3,8 +3,9 @@
 Two servers, each its own process on loopback:
   small: a=dummy:tiny (default), b=dummy:tiny (on demand), broken (a corrupt model dir,
          from a --models TOML file)
-  big:   dummy:tiny (default), b and c = dummy:smollm2-135m (~1.1 GB each loaded) under a
-         memory budget that fits the default and one of them, keep-alive 4 s
+  big:   dummy:tiny (default); b, c and d = dummy:smollm2-135m (~1.2 GB each loaded) under a
+         memory budget that fits the default and one of them; b's keep-alive is 4 s, c and
+         d never unload but for the budget (a --models TOML file)
 """
 from __future__ import annotations
 
@@ -82,8 +83,11 @@ def small(tmp_path_factory):
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("big")
+    (tmp / "models.toml").write_text("".join(
+        f'[[model]]\nname = "{name}"\nsource = "dummy:smollm2-135m"\nkeep_alive_s = -1\n'
+        for name in "cd"))
     url, proc = _serve(tmp, "big", "--model", "dummy:tiny", "--model",
-                       "b=dummy:smollm2-135m", "--model", "c=dummy:smollm2-135m",
+                       "b=dummy:smollm2-135m", "--models", str(tmp / "models.toml"),
                        "--models-memory", str(BIG_BUDGET), "--keep-alive", "4")
     yield url, psutil.Process(proc.pid)
     _stop(proc)
@@ -255,15 +259,16 @@ async def test_a_budget_for_one_model_alternates_them_with_no_failure(big):
         assert out.model == model
         return out
 
-    for model in ("b", "c", "b"):  # one after the other
+    for model in ("c", "d", "c"):  # one after the other; neither has a keep-alive
         await ask(model)
         cards = await _cards(url)
         assert cards[model]["state"] == "loaded"
-        assert [cards[m]["state"] for m in "bc"].count("loaded") == 1
+        assert [cards[m]["state"] for m in "cd"].count("loaded") == 1
     for _ in range(2):  # both at once: one waits until the other is done and unloaded
-        await asyncio.gather(ask("b"), ask("c"))
+        await asyncio.gather(ask("c"), ask("d"))
         cards = await _cards(url)
-        assert [cards[m]["state"] for m in "bc"].count("loaded") == 1
+        assert [cards[m]["state"] for m in "cd"].count("loaded") == 1
+    assert cards["c"]["loads"] >= 3 and cards["d"]["loads"] >= 2
     assert cards["dummy:tiny"]["state"] == "loaded"  # the budget never unloads the default
 
 
