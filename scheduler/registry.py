@@ -68,7 +68,8 @@ class ModelRegistry:
         self._loads: dict[ModelSlot, asyncio.Task] = {}
         self._timers: dict[ModelSlot, asyncio.TimerHandle] = {}
         self._load_lock = asyncio.Lock()
-        self._idle = asyncio.Condition()  # notified when a hold ends (the budget waits)
+        self._went_idle = asyncio.Event()  # set when a hold ends (a load over budget waits)
+        self._tasks: set[asyncio.Task] = set()  # the keep-alive unloads under way
 
     @property
     def default(self) -> ModelSlot:
@@ -112,7 +113,7 @@ class ModelRegistry:
         self._touch(slot)
         if self._holds[slot] == 0:
             self._schedule_idle_unload(slot)
-            asyncio.get_running_loop().create_task(self._notify_idle())
+            self._went_idle.set()
 
     async def ensure_loaded(self, slot: ModelSlot) -> None:
         if slot.state == FAILED:
@@ -162,21 +163,21 @@ class ModelRegistry:
         if self.memory_budget is None:
             return
         need = slot.memory_bytes or max((s.memory_bytes for s in self.slots), default=0)
-        async with self._idle:
-            while self._in_use_bytes() + need > self.memory_budget:
-                idle = [s for s in self.slots[1:] if s is not slot and s.loaded
-                        and not s.given and self._holds[s] == 0]
-                if not idle:
-                    if not any(s.loaded and s is not slot for s in self.slots[1:]):
-                        log.warning("model %s does not fit the memory budget beside the "
-                                    "default model; loading it anyway", slot.name)
-                        return
-                    await self._idle.wait()
-                    continue
-                victim = min(idle, key=self._last_used.__getitem__)
-                log.info("unloading %s to fit %s in the %d MB budget", victim.name,
-                         slot.name, self.memory_budget >> 20)
-                await self._unload(victim)
+        while self._in_use_bytes() + need > self.memory_budget:
+            idle = [s for s in self.slots[1:] if s is not slot and s.loaded
+                    and not s.given and self._holds[s] == 0]
+            if not idle:
+                if not any(s.loaded and s is not slot for s in self.slots[1:]):
+                    log.warning("model %s does not fit the memory budget beside the "
+                                "default model; loading it anyway", slot.name)
+                    return
+                self._went_idle.clear()  # loads run one at a time: the only waiter
+                await self._went_idle.wait()
+                continue
+            victim = min(idle, key=self._last_used.__getitem__)
+            log.info("unloading %s to fit %s in the %d MB budget", victim.name,
+                     slot.name, self.memory_budget >> 20)
+            await self._unload(victim)
 
     def _in_use_bytes(self) -> int:
         return sum(s.memory_bytes for s in self.slots if s.loaded)
@@ -201,21 +202,21 @@ class ModelRegistry:
     def _schedule_idle_unload(self, slot: ModelSlot) -> None:
         if slot.keep_alive_s < 0 or slot.given or not slot.loaded or self._holds[slot]:
             return
-        loop = asyncio.get_running_loop()
-        self._timers[slot] = loop.call_later(slot.keep_alive_s,
-                                             lambda: loop.create_task(self._expire(slot)))
+        self._timers[slot] = asyncio.get_running_loop().call_later(
+            slot.keep_alive_s, self._spawn_expire, slot)
+
+    def _spawn_expire(self, slot: ModelSlot) -> None:
+        task = asyncio.get_running_loop().create_task(self._expire(slot))
+        self._tasks.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self._tasks.discard)
 
     async def _expire(self, slot: ModelSlot) -> None:
         self._timers.pop(slot, None)
         if self._holds[slot] == 0 and slot not in self._loads:
             await self._unload(slot)
 
-    async def _notify_idle(self) -> None:
-        async with self._idle:
-            self._idle.notify_all()
-
     async def stop(self) -> None:
-        for task in list(self._loads.values()):
+        for task in [*self._loads.values(), *self._tasks]:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task

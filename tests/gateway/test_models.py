@@ -280,3 +280,19 @@ async def test_metrics_carry_the_model_label(small):
     assert 'tokenwire_model_state{model="a",state="loaded"} 1.0' in text
     assert 'tokenwire_model_loads_total{model="b"}' in text
     assert "tokenwire_admission_queue_requests " in text  # the unlabelled one stays
+
+
+async def test_load_and_unload_take_the_api_key(server):
+    url = server.start_app(api_keys=("key-one",))
+    try:
+        async with aiohttp.ClientSession() as s:
+            name = (await (await s.get(url + "/v1/models", headers={
+                "Authorization": "Bearer key-one"})).json())["data"][0]["id"]
+            for action in ("load", "unload"):
+                async with s.post(f"{url}/v1/models/{name}/{action}") as r:
+                    assert r.status == 401
+            async with s.post(f"{url}/v1/models/{name}/load",
+                              headers={"Authorization": "Bearer key-one"}) as r:
+                assert r.status == 200 and (await r.json())["state"] == "loaded"
+    finally:
+        server.stop_app(url)
