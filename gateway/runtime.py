@@ -146,14 +146,27 @@ class Runtime:
                                f"{self.config.render_timeout_s:g} s to render and tokenize; "
                                "send a shorter one", request_id) from None
 
+    def check_door(self, stream: Stream, priority: int, socket: object | None,
+                   owner: str | None) -> None:
+        """Refuse now (a RequestError, as admit's) if admission would refuse even an empty
+        prompt: called before rendering, so a burst's refusals skip the tokenizer's queue."""
+        with self._admission_errors(stream):
+            self.scheduler.check_door(Ask(_kind(stream), priority, 0, socket, owner),
+                                      self.model)
+
     async def admit(self, stream: Stream, priority: int, prompt_tokens: int,
                     socket: object | None, owner: str | None) -> Admission:
         """An engine slot for `stream` (waiting in the queue if it must), or a
         RequestError: rate_limited or overloaded (with retry_after_ms), invalid_request."""
-        ask = Ask("chat" if stream.kind == "chat" else "generate", priority, prompt_tokens,
-                  socket, owner)
+        with self._admission_errors(stream):
+            return await self.scheduler.admit(
+                Ask(_kind(stream), priority, prompt_tokens, socket, owner), self.model)
+
+    @contextlib.contextmanager
+    def _admission_errors(self, stream: Stream):
+        """The scheduler's refusals as RequestErrors, counted and timed for /metrics."""
         try:
-            return await self.scheduler.admit(ask, self.model)
+            yield
         except InvalidAdmission as exc:
             raise RequestError(exc.code, f"params.{exc}", stream.id, param=exc.field) from None
         except Rejected as exc:
@@ -161,6 +174,11 @@ class Runtime:
             self.metrics.refusal_time.observe(time.perf_counter() - stream.received)
             raise RequestError(exc.code, str(exc), stream.id,
                                retry_after_ms=exc.retry_after_ms) from None
+
+
+def _kind(stream: Stream) -> str:
+    """Admission's class for a stream: chat turns run ahead of bulk generates."""
+    return "chat" if stream.kind == "chat" else "generate"
 
 
 async def _hold(models: ModelRegistry, slot: ModelSlot, request_id: str | None) -> None:

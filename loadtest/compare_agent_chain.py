@@ -28,7 +28,7 @@ import sys
 from loadtest.compare import _tokenizer_spec, add_common, log, serve_args
 from loadtest.config import LoadTestConfig
 from loadtest.metrics import describe
-from loadtest.report import print_report
+from loadtest.report import comparison_main
 from loadtest.responses_client import MODES, ResponsesBackend
 from loadtest.runner import Runner
 from loadtest.server_process import REPO, ServerProcess
@@ -161,18 +161,8 @@ def format_report(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.compare_agent_chain",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        report = compare(args)
-    except (RuntimeError, ValueError) as exc:
-        print(f"loadtest.compare_agent_chain: {exc}", file=sys.stderr)
-        return 1
-    print_report(format_report(report), report, args.result_json)
-    return 0
+    return comparison_main("python -m loadtest.compare_agent_chain", __doc__, add_arguments, compare,
+                           format_report, argv)
 
 
 if __name__ == "__main__":

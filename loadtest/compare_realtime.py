@@ -17,7 +17,7 @@ import sys
 
 from loadtest.compare import _tokenizer_spec, add_common, log, run_online, serve_args
 from loadtest.config import LoadTestConfig
-from loadtest.report import print_report
+from loadtest.report import comparison_main
 from loadtest.server_process import ServerProcess
 from loadtest.workload import build_workload
 
@@ -80,18 +80,8 @@ def format_report(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loadtest.compare_realtime",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        report = compare(args)
-    except (RuntimeError, ValueError) as exc:
-        print(f"loadtest.compare_realtime: {exc}", file=sys.stderr)
-        return 1
-    print_report(format_report(report), report, args.result_json)
-    return 0
+    return comparison_main("python -m loadtest.compare_realtime", __doc__, add_arguments, compare,
+                           format_report, argv)
 
 
 if __name__ == "__main__":

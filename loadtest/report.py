@@ -2,8 +2,11 @@
 result JSON."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -121,6 +124,23 @@ def print_report(text: str, report: dict, path: str | None) -> None:
     print(text)
     if path:
         Path(path).write_text(json.dumps(report, indent=1))
+
+
+def comparison_main(prog: str, doc: str, add_arguments: Callable, compare: Callable,
+                    format_report: Callable, argv: list[str] | None) -> int:
+    """A one-command comparison's entry point: parse its flags, run it, print its table
+    (and write its JSON report); a RuntimeError or ValueError is one line on stderr, exit 1."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        report = compare(args)
+    except (RuntimeError, ValueError) as exc:
+        print(f"{prog.removeprefix('python -m ')}: {exc}", file=sys.stderr)
+        return 1
+    print_report(format_report(report), report, args.result_json)
+    return 0
 
 
 def write_json(path: str | Path, result: dict, records) -> None:

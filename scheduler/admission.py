@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Callable
 
 from scheduler.config import SchedulerConfig
-from scheduler.policy import (ADMIT, KINDS, OVERLOADED, REJECT, AdmissionRequest, Signals,
-                              TokenBucket, decide, overload_cause)
+from scheduler.policy import (ADMIT, KINDS, OVERLOADED, REJECT, AdmissionRequest, Decision,
+                              Signals, TokenBucket, decide, overload_cause)
 from scheduler.signals import DrainRate, ResourceSampler
 from scheduler.ticket import DONE, QUEUED, RUNNING, InvalidAdmission, Rejected, Ticket
 
@@ -86,8 +86,30 @@ class AdmissionController:
 
         Never awaits: the answer comes from counters and the latest signal samples.
         """
-        self._check_args(kind, priority, prompt_tokens, api_key)
         now = self.clock()
+        decision = self._decide(kind, priority, prompt_tokens, socket_id, api_key, now)
+        ticket = Ticket(self, next(self._ids), kind, priority, prompt_tokens, socket_id,
+                        api_key, now)
+        self._count_in(ticket, now)
+        if decision.action == ADMIT:
+            self._grant(ticket, now)
+        else:
+            self._enqueue(ticket)
+        self._update_busy(now)
+        return ticket
+
+    def check_door(self, kind: str, priority: int = 0, socket_id=None,
+                   api_key: str | None = None) -> None:
+        """Raise Rejected (or InvalidAdmission) if a request of no prompt tokens would be
+        refused now. A longer prompt only makes refusal likelier, so a caller checks this
+        before the work of rendering and tokenizing a prompt that would be refused anyway:
+        a burst is then refused at the loop's latency, not behind the tokenizer's queue."""
+        self._decide(kind, priority, 0, socket_id, api_key, self.clock())
+
+    def _decide(self, kind: str, priority: int, prompt_tokens: int, socket_id,
+                api_key: str | None, now: float) -> Decision:
+        """The policy's admit or queue decision; a refusal is counted and raised."""
+        self._check_args(kind, priority, prompt_tokens, api_key)
         signals = self.signals()
         self._update_overload(signals)
         ahead, ahead_tokens = self._ahead((KINDS.index(kind), -priority))
@@ -101,15 +123,7 @@ class AdmissionController:
         if decision.action == REJECT:
             self.rejections[decision.reason] += 1
             raise Rejected(decision.reason, decision.retry_after_ms, decision.detail)
-        ticket = Ticket(self, next(self._ids), kind, priority, prompt_tokens, socket_id,
-                        api_key, now)
-        self._count_in(ticket, now)
-        if decision.action == ADMIT:
-            self._grant(ticket, now)
-        else:
-            self._enqueue(ticket)
-        self._update_busy(now)
-        return ticket
+        return decision
 
     def release(self, ticket: Ticket, tokens_generated: int = 0,
                 finish_reason: str | None = None) -> None:

@@ -113,6 +113,13 @@ class Scheduler:
             raise
         return Admission(ticket, model)
 
+    def check_door(self, ask: Ask, model: ModelSlot | None = None) -> None:
+        """Raise Rejected (or InvalidAdmission) if `model`'s door (the default's: None)
+        refuses even an empty prompt now: checked before a prompt is rendered, so a
+        refusal costs no tokenizer time."""
+        self.admissions[model or self.model].check_door(ask.kind, ask.priority, ask.socket,
+                                                       ask.owner)
+
     def refuse_queued(self, code: str, retry_after_ms: int, message: str) -> None:
         """Refuse every request still waiting for an engine slot (a drain's deadline)."""
         for admission in self.admissions.values():

@@ -8,7 +8,14 @@ per message beside them, and edits the history through the session's methods:
     ids               [ "item_a",   "item_b", "item_c"      ]
 
 Ids are not stored: a resumed session (or messages a /v1/ws socket added meanwhile) gets
-fresh ids for the messages it has not seen. Each item holds one text content part.
+fresh ids for the messages it has not seen. A message item holds one text content part;
+function items are kept as chat completions spells them, one message each, so sessions
+stored before tools load as they were and templates render them as they expect:
+
+    function_call         {"role": "assistant", "content": "",
+                           "tool_calls": [{"id": call_id, "type": "function",
+                                           "function": {"name", "arguments"}}]}
+    function_call_output  {"role": "tool", "tool_call_id": call_id, "content": output}
 """
 from __future__ import annotations
 
@@ -55,10 +62,16 @@ class Conversation:
         """(item id, a copy of its message)."""
         return self._ids[index], self.session.message(index)
 
-    def add(self, role: str, text: str, item_id: str | None, previous_item_id: str | None,
+    def add(self, message: dict, item_id: str | None, previous_item_id: str | None,
             event_id: str | None) -> int:
-        """Insert after previous_item_id (None: at the end, "root": first); its index."""
+        """Insert after previous_item_id (None: at the end, "root": first); its index.
+        A tool output must answer a call in the conversation."""
         self._sync()
+        call_id = message.get("tool_call_id")
+        if call_id is not None and call_id not in self.call_ids():
+            raise RealtimeError("invalid_request", f"item.call_id: no function_call with "
+                                f"call_id {call_id[:64]!r} in the conversation", event_id,
+                                param="item.call_id")
         if self.session.num_messages >= self.max_items:
             raise RealtimeError("too_large", f"the conversation holds {self.max_items} items, "
                                 "its limit (max_conversation_items); delete some first",
@@ -76,7 +89,7 @@ class Conversation:
             at = 0
         else:
             at = self.index(previous_item_id, event_id) + 1
-        self.session.insert(at, role, text)
+        self.session.insert(at, message)
         self._ids.insert(at, item_id)
         return at
 
@@ -91,9 +104,9 @@ class Conversation:
         had shown when the user interrupted it)."""
         at = self.index(item_id, event_id)
         message = self.session.message(at)
-        if message["role"] != "assistant":
-            raise RealtimeError("invalid_value", "item_id: only assistant items can be "
-                                "truncated", event_id, param="item_id")
+        if message["role"] != "assistant" or message.get("tool_calls"):
+            raise RealtimeError("invalid_value", "item_id: only assistant message items "
+                                "can be truncated", event_id, param="item_id")
         if content_index != 0:
             raise RealtimeError("invalid_value", "content_index: items have one content "
                                 "part here (0)", event_id, param="content_index")
@@ -102,6 +115,11 @@ class Conversation:
                                 f"{len(message['content'])} characters", event_id,
                                 param="audio_end_ms")
         self.session.truncate(at, end)
+
+    def call_ids(self) -> set[str]:
+        """The call_ids of the conversation's function_call items."""
+        return {call["id"] for message in self.session.messages
+                for call in message.get("tool_calls") or ()}
 
     def previous_id(self, index: int) -> str | None:
         return self._ids[index - 1] if index > 0 else None

@@ -1,12 +1,13 @@
 """Client events of the Realtime API (text subset): msgspec schemas and decoding.
 
 Decoding is two steps, as on /v1/ws: bytes -> a map (`invalid_json`), then the map's
-`type` picks a schema (`unknown_event`, or `unsupported` for audio and tools) that
+`type` picks a schema (`unknown_event`, or `unsupported` for audio) that
 msgspec checks field by field (`invalid_request`, naming the field). Every failure is a
 RealtimeError carrying the client's `event_id` when it had a readable one.
 """
 from __future__ import annotations
 
+import secrets
 from typing import Any, Literal
 
 import msgspec
@@ -40,27 +41,36 @@ class ContentPart(_Strict):
 
 
 class Item(_Strict):
-    """A message item (`item_reference` only inside response.input)."""
+    """A message, function_call or function_call_output item (`item_reference` only
+    inside response.input)."""
 
-    type: Literal["message", "item_reference"] = "message"
+    type: Literal["message", "function_call", "function_call_output",
+                  "item_reference"] = "message"
     id: str | None = None
     role: Literal["system", "user", "assistant"] | None = None
     content: list[ContentPart] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
     object: Literal["realtime.item"] | None = None
     status: Literal["completed", "incomplete", "in_progress"] | None = None
 
 
 class _Generation(_Strict):
     """Fields session.update and response.create share; the Any ones are refused as
-    `unsupported` (audio, tools), so a client learns what it asked for is absent."""
+    `unsupported` (audio, ...), so a client learns what it asked for is absent. `tools`
+    are read by gateway/realtime/tools.py (a tool that is not a function is refused by
+    its type, so each is a map here)."""
 
     instructions: str | None = None
     output_modalities: list[str] | None = None
     max_output_tokens: int | Literal["inf"] | None = None
     temperature: float | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     audio: Any = UNSET
-    tools: Any = UNSET
-    tool_choice: Any = UNSET
     prompt: Any = UNSET
     reasoning: Any = UNSET
 
@@ -71,7 +81,6 @@ class SessionConfig(_Generation):
     include: Any = UNSET
     tracing: Any = UNSET
     truncation: Any = UNSET
-    parallel_tool_calls: Any = UNSET
 
 
 class ResponseConfig(_Generation):
@@ -165,26 +174,41 @@ def decode(data: bytes | str) -> _Event:
 
 
 def _check_unsupported(event: _Event) -> None:
-    """Audio and tools, named: the one place a text-only server refuses valid OpenAI input."""
+    """Audio and the like, named: the one place a text-only server refuses valid OpenAI
+    input (tools of other types than function: gateway/realtime/tools.py)."""
     config = getattr(event, "session", None) or getattr(event, "response", None)
     where = "session" if isinstance(event, SessionUpdate) else "response"
     if config is not None:
         for name in config.__struct_fields__:
             if getattr(config, name) is not UNSET and name in _UNSUPPORTED_FIELDS:
                 raise RealtimeError("unsupported", f"{where}.{name}: not supported by this "
-                                    "server (text only, no tools)", event.event_id,
+                                    "server (text only)", event.event_id,
                                     f"{where}.{name}")
         if config.output_modalities not in (None, ["text"]):
             raise RealtimeError("unsupported", f"{where}.output_modalities: only [\"text\"] "
                                 "is supported", event.event_id, f"{where}.output_modalities")
 
 
-_UNSUPPORTED_FIELDS = frozenset({"audio", "tools", "tool_choice", "prompt", "reasoning",
-                                 "include", "tracing", "truncation", "parallel_tool_calls"})
+_UNSUPPORTED_FIELDS = frozenset({"audio", "prompt", "reasoning", "include", "tracing",
+                                 "truncation"})
 
 
-def item_text(item: Item, event_id: str | None, where: str = "item") -> tuple[str, str]:
-    """(role, text) of a message item; audio or image content is `unsupported`."""
+def item_message(item: Item, event_id: str | None, where: str = "item") -> dict:
+    """A client's item as the chat message the conversation keeps (conversation.py):
+    a message's text parts joined (audio or image content is `unsupported`), a
+    function_call as an assistant tool call, a function_call_output as a tool message."""
+    if item.type == "function_call":
+        if not item.name:
+            raise _missing(f"{where}.name", "a function_call item", event_id)
+        call_id = item.call_id or f"call_{secrets.token_hex(12)}"
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": item.name, "arguments": item.arguments or "{}"}}]}
+    if item.type == "function_call_output":
+        if item.call_id is None or item.output is None:
+            raise _missing(f"{where}.call_id" if item.call_id is None else f"{where}.output",
+                           "a function_call_output item", event_id)
+        return {"role": "tool", "tool_call_id": item.call_id, "content": item.output}
     if item.type != "message" or item.role is None:
         raise RealtimeError("invalid_request", f"{where}: a message item with a role is "
                             "required", event_id, where)
@@ -195,4 +219,8 @@ def item_text(item: Item, event_id: str | None, where: str = "item") -> tuple[st
                                 " is not supported (text only)", event_id,
                                 f"{where}.content[{i}].type")
         texts.append(part.text or "")
-    return item.role, "".join(texts)
+    return {"role": item.role, "content": "".join(texts)}
+
+
+def _missing(param: str, what: str, event_id: str | None) -> RealtimeError:
+    return RealtimeError("invalid_request", f"{param}: required for {what}", event_id, param)

@@ -9,16 +9,17 @@ frames its Response shapes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 from gateway import params as wire
 from gateway.errors import RequestError
 from gateway.messages import fit_to_context
 from gateway.realtime import events as ev
-from gateway.realtime import server
+from gateway.realtime import server, tools
 from gateway.realtime.conversation import Conversation, new_id
 from gateway.realtime.events import RealtimeError
-from gateway.realtime.prompt import response_messages
+from gateway.realtime.prompt import for_template, response_messages
 from gateway.realtime.response import Response
 from gateway.runtime import Runtime
 from gateway.sessions.live import LiveSession
@@ -26,6 +27,7 @@ from gateway.sockets.core import SocketCore
 from gateway.sockets.outbox import OutboxFull
 from gateway.sockets.requests import run_request
 from gateway.stream import Stream
+from gateway.tools.formats import format_for_model
 
 log = logging.getLogger(__name__)
 # Params' names as Realtime spells them.
@@ -114,7 +116,8 @@ class RealtimeProtocol:
     # -- session and conversation ---------------------------------------------------------
     def _session_body(self) -> dict:
         return server.session(self.session.id, self.rt.model.name, self.session.system,
-                              self.session.params, self.rt.config.default_max_tokens)
+                              self.session.params, self.rt.config.default_max_tokens,
+                              self.session.tools)
 
     def _on_session_update(self, event: ev.SessionUpdate) -> None:
         config = event.session
@@ -125,16 +128,19 @@ class RealtimeProtocol:
         changes = {"params": params}
         if config.instructions is not None:
             changes["system"] = config.instructions
+        if tools.given(config):
+            changes["tools"] = {**self.session.tools, **tools.given(config)}
+            tools.tool_plan(self.rt, changes["tools"], event.event_id, "session")
         undo = self.session.configure(**changes)
         self.put(server.event("session.updated", session=self._session_body()))
         self.core.spawn(self._persist(event.event_id, undo))
 
     def _on_create(self, event: ev.ItemCreate) -> None:
-        role, text = ev.item_text(event.item, event.event_id)
-        at = self.conversation.add(role, text, event.item.id, event.previous_item_id,
+        message = ev.item_message(event.item, event.event_id)
+        at = self.conversation.add(message, event.item.id, event.previous_item_id,
                                    event.event_id)
         item_id, _ = self.conversation.item(at)
-        item = server.item(item_id, role, text)
+        item = server.item_of(item_id, message)
         previous = self.conversation.previous_id(at)
         for kind in ("conversation.item.added", "conversation.item.done"):
             self.put(server.event(kind, item=item, previous_item_id=previous))
@@ -149,8 +155,8 @@ class RealtimeProtocol:
     def _on_retrieve(self, event: ev.ItemRef) -> None:
         item_id, message = self.conversation.item(
             self.conversation.index(event.item_id, event.event_id))
-        self.put(server.event("conversation.item.retrieved", item=server.item(
-            item_id, message["role"], message["content"])))
+        self.put(server.event("conversation.item.retrieved",
+                              item=server.item_of(item_id, message)))
 
     def _on_delete(self, event: ev.ItemRef) -> None:
         self.conversation.delete(event.item_id, event.event_id)
@@ -193,17 +199,25 @@ class RealtimeProtocol:
         if config.input is not None and len(config.input) > limit:
             raise RealtimeError("too_large", f"response.input: at most {limit} items "
                                 "(max_conversation_items)", event.event_id, "response.input")
-        messages = response_messages(self.conversation, config, self.session.system,
-                                     event.event_id)
+        plan = tools.tool_plan(self.rt, {**self.session.tools, **tools.given(config)},
+                               event.event_id, "response")
+        messages = for_template(response_messages(self.conversation, config,
+                                                  self.session.system, event.event_id),
+                                plan, format_for_model(self.rt.model,
+                                                       self.rt.config.tool_call_parser))
+        if plan is not None:
+            params = dataclasses.replace(params, response_format=plan.constraint())
         response = Response(event.event_id, self.conversation_id if in_band else None,
-                            params.max_tokens, config.metadata)
-        self._start_response(response, messages, params)
+                            params.max_tokens, config.metadata, plan)
+        template_tools = plan.template_tools() if plan is not None else None
+        self._start_response(response, messages, params, template_tools)
 
-    def _start_response(self, response: Response, messages: list[dict], params) -> None:
+    def _start_response(self, response: Response, messages: list[dict], params,
+                        template_tools: list[dict] | None) -> None:
         stream = Stream(response.id, self.core.new_engine_id(), "chat", response)
         if response.in_band:
             self.session.begin_turn(response.id)
-        self.core.start(stream, self._run_response(stream, messages, params))
+        self.core.start(stream, self._run_response(stream, messages, params, template_tools))
         limit = self.rt.scheduler.config.max_inflight_per_socket
         rate_limits = server.rate_limits(limit, limit - len(self.core.streams))
         for frame in response.opening(rate_limits):  # before the task first runs
@@ -221,14 +235,16 @@ class RealtimeProtocol:
         stream.shaper.client_cancelled = True
         self.core.cancel(stream)
 
-    async def _run_response(self, stream: Stream, messages: list[dict], params) -> None:
+    async def _run_response(self, stream: Stream, messages: list[dict], params,
+                            template_tools: list[dict] | None) -> None:
         response: Response = stream.shaper
 
         async def render(stream: Stream, max_tokens: int) -> list[int]:
             model = self.rt.model
             # The oldest non-system messages dropped until the reply fits the context.
             return await self.rt.tokenize(lambda: fit_to_context(
-                model.encode_chat, messages, max_tokens, model.max_model_len), stream.id)
+                lambda m: model.encode_chat(m, template_tools), messages, max_tokens,
+                model.max_model_len), stream.id)
 
         try:
             await run_request(self.core, stream, render, params, self.session.owner,
@@ -236,21 +252,31 @@ class RealtimeProtocol:
         finally:
             if response.in_band:
                 self.session.release_turn(response.id)
-        previous, joined = None, False
-        if response.in_band and stream.finish_reason and stream.text:
-            previous, joined = await self._join(stream)
+        response.finish_items(stream)
+        items = response.messages(stream) if response.in_band and stream.finish_reason else []
+        previous, joined = await self._join(response, items) if items else (None, False)
         for frame in response.closing(stream, previous, joined):
             self.put(frame)
 
-    async def _join(self, stream: Stream) -> tuple[str | None, bool]:
-        """The reply joins the conversation (and the store) before response.done."""
-        response: Response = stream.shaper
+    async def _join(self, response: Response,
+                    items: list[tuple[str, dict]]) -> tuple[str | None, bool]:
+        """The reply's items join the conversation (and the store) before response.done:
+        all of them, or (over max_conversation_items) none. (The id before the first,
+        whether they were saved.)"""
+        added = []
         try:
-            at = self.conversation.add("assistant", stream.text, response.item_id, None,
-                                       response.event_id)
+            for item_id, message in items:
+                self.conversation.add(message, item_id, None, response.event_id)
+                added.append(item_id)
         except RealtimeError as exc:
+            self._forget_all(added)
             self.put(server.error(exc.code, exc.message, exc.event_id))
             return None, False
+        previous = self.conversation.previous_id(self.conversation.index(added[0], None))
         saved = await asyncio.shield(self._persist(
-            response.event_id, lambda: self._forget(response.item_id)))
-        return self.conversation.previous_id(at), saved
+            response.event_id, lambda: self._forget_all(added)))
+        return previous, saved
+
+    def _forget_all(self, item_ids: list[str]) -> None:
+        for item_id in item_ids:
+            self._forget(item_id)

@@ -24,13 +24,35 @@ def item(item_id: str, role: str, text: str, status: str = "completed") -> dict:
             "role": role, "content": [{"type": _PART_TYPE[role], "text": text}]}
 
 
+def function_call(item_id: str, call_id: str, name: str, arguments: str,
+                  status: str = "completed") -> dict:
+    return {"id": item_id, "object": "realtime.item", "type": "function_call",
+            "status": status, "call_id": call_id, "name": name, "arguments": arguments}
+
+
+def item_of(item_id: str, message: dict, status: str = "completed") -> dict:
+    """The item a conversation message stands for (conversation.py): a tool call, a
+    tool's output or a message."""
+    if message.get("tool_calls"):
+        call = message["tool_calls"][0]  # one call per item
+        return function_call(item_id, call["id"], call["function"]["name"],
+                             call["function"]["arguments"], status)
+    if message["role"] == "tool":
+        return {"id": item_id, "object": "realtime.item", "type": "function_call_output",
+                "status": status, "call_id": message["tool_call_id"],
+                "output": message["content"]}
+    return item(item_id, message["role"], message["content"], status)
+
+
 def session(session_id: str, model: str, system: str | None, params: dict,
-            default_max_tokens: int) -> dict:
+            default_max_tokens: int, tools: dict) -> dict:
     """The `session` object of session.created / session.updated. `id` is the tokenwire
-    session id: reconnect with `?session_id=` to resume the conversation."""
+    session id: reconnect with `?session_id=` to resume the conversation (and its
+    settings: instructions, params, tools)."""
     return {"type": "realtime", "object": "realtime.session", "id": session_id,
             "model": model, "output_modalities": ["text"],
-            "instructions": system or "",
+            "instructions": system or "", "tools": tools.get("tools", []),
+            "tool_choice": tools.get("tool_choice", "auto"),
             "max_output_tokens": params.get("max_tokens", default_max_tokens),
             **({"temperature": params["temperature"]} if "temperature" in params else {})}
 

@@ -66,6 +66,12 @@ class LiveSession:
     def num_messages(self) -> int:
         return len(self.record.messages)
 
+    @property
+    def tools(self) -> dict:
+        """A Realtime session's tools, tool_choice and parallel_tool_calls ({}: none
+        set)."""
+        return self.record.tools or {}
+
     def message(self, at: int) -> dict:
         """A copy of one message of the history."""
         return dict(self.record.messages[at])
@@ -97,17 +103,20 @@ class LiveSession:
             self.active_turn = None
 
     # -- settings and history ------------------------------------------------------------
-    def configure(self, system=_UNCHANGED, params=_UNCHANGED) -> Callable[[], None]:
-        """Set the system prompt ("" or None: none) and/or the default params; returns
-        the undo (for a change the store then refuses)."""
-        before = (self.record.system, self.record.params)
+    def configure(self, system=_UNCHANGED, params=_UNCHANGED,
+                  tools=_UNCHANGED) -> Callable[[], None]:
+        """Set the system prompt ("" or None: none), the default params and/or the tools;
+        returns the undo (for a change the store then refuses)."""
+        before = (self.record.system, self.record.params, self.record.tools)
         if system is not _UNCHANGED:
             self.record.system = system or None
         if params is not _UNCHANGED:
             self.record.params = dict(params)
+        if tools is not _UNCHANGED:
+            self.record.tools = tools or None
 
         def undo() -> None:
-            self.record.system, self.record.params = before
+            self.record.system, self.record.params, self.record.tools = before
 
         return undo
 
@@ -115,8 +124,10 @@ class LiveSession:
         """Clear the history (system prompt and params stay)."""
         self.record.messages.clear()
 
-    def insert(self, at: int, role: str, text: str) -> None:
-        self.record.messages.insert(at, {"role": role, "content": text})
+    def insert(self, at: int, message: dict) -> None:
+        """Insert a copy of a chat message ({"role", "content"}, and a tool call's or
+        output's keys: SessionRecord.messages)."""
+        self.record.messages.insert(at, dict(message))
 
     def delete(self, at: int) -> None:
         del self.record.messages[at]

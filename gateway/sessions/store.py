@@ -87,10 +87,13 @@ class SessionRecord:
     owner: str | None  # sha256 hex of the API key that made it; None without auth
     system: str | None
     params: dict = field(default_factory=dict)  # the session's default params
-    messages: list[dict] = field(default_factory=list)  # [{"role", "content"}, ...]
+    # [{"role", "content"}, ...]; a Realtime tool call's message also has "tool_calls",
+    # its output's is {"role": "tool", "tool_call_id", "content"} (chat completions' form)
+    messages: list[dict] = field(default_factory=list)
     updated_at: float = 0.0  # set by the store's clock on every save
     version: int = 0  # the stored version this copy was loaded at; 0: never saved
     response: dict | None = None  # a stored Responses API response (responses/stored.py)
+    tools: dict | None = None  # a Realtime session's tool fields (realtime/tools.py)
     model: str | None = None  # the model it talks to; None: the default (one model served)
 
 
@@ -206,6 +209,7 @@ def encode_record(record: SessionRecord, limit: int) -> tuple[str, int]:
     fields = {"owner": record.owner, "system": record.system, "params": record.params,
               "messages": record.messages, **({"response": record.response}
                                               if record.response is not None else {}),
+              **({"tools": record.tools} if record.tools is not None else {}),
               **({"model": record.model} if record.model is not None else {})}
     body = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
     size = len(body.encode("utf-8"))
@@ -223,7 +227,7 @@ def decode_record(session_id: str, body: str, updated_at: float, version: int) -
     data = json.loads(body)
     return SessionRecord(session_id, data["owner"], data["system"], data["params"],
                          data["messages"], updated_at, version, data.get("response"),
-                         data.get("model"))
+                         data.get("tools"), data.get("model"))
 
 
 class _Row(NamedTuple):

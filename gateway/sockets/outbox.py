@@ -96,6 +96,8 @@ async def run_writer(ws: web.WebSocketResponse, encode: Callable[[dict], bytes |
         frame = item if kind == "frame" else (
             item.take_delta() if kind == "delta" else item.done_frame(time.perf_counter()))
         if not frame:
+            if kind == "done":  # the protocol had nothing left to say: the request ended
+                metrics.observe_done(item, time.perf_counter())
             continue
         try:
             # A protocol may answer one entry with several messages (a list of frames).

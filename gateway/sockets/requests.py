@@ -1,5 +1,6 @@
 """A request on a socket, whatever its wire format: render, admit, stream, done.
 
+    rt.check_door(...)         -> refused at once if even an empty prompt would be
     render(stream, max_tokens) -> prompt ids (None: the request was answered already)
     rt.admit(...)              -> an engine slot, or a RequestError (overloaded, ...)
     admission.generate(...)    -> each output folded into the stream, its delta queued
@@ -36,6 +37,7 @@ async def run_request(core: SocketCore, stream: Stream, render: Render,
     async with contextlib.AsyncExitStack() as held:
         admission = None
         try:
+            core.rt.check_door(stream, params.priority, core, owner)
             # The socket's model, held loaded until the request ends (released last).
             await held.enter_async_context(core.rt.using_model(stream.id))
             prompt = await render(stream, params.max_tokens)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from gateway.tools.formats import call_arguments
+from gateway.tools.formats import ToolFormat, call_arguments
 
 if TYPE_CHECKING:
     from gateway.tools.plan import ToolPlan
@@ -29,10 +29,30 @@ def render(plan: ToolPlan, messages: list[dict]) -> list[dict]:
                                       ensure_ascii=False) for f in plan.functions)
     example = plan.format.call_text("<function-name>", {"<argument>": "<value>"})
     intro = _INTRO.format(tools=signatures, example=example)
+    out = render_turns(plan.format, messages)
+    if out and out[0]["role"] == "system":
+        out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{intro}"}
+    else:
+        out.insert(0, {"role": "system", "content": intro})
+    return out
+
+
+def without_tools(fmt: ToolFormat, messages: list[dict]) -> list[dict]:
+    """`messages` for a prompt that shows no tools: past calls and results (a Realtime
+    conversation's, which /v1/ws shares) as text in `fmt`, so any template renders them;
+    a history without any, as it is."""
+    if any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        return render_turns(fmt, messages)
+    return messages
+
+
+def render_turns(fmt: ToolFormat, messages: list[dict]) -> list[dict]:
+    """`messages` with every tool turn as text: past calls in `fmt`'s syntax, results as
+    user turns. Also for a conversation that holds calls when no tools are shown now."""
     out = []
     for m in messages:
         if m.get("tool_calls"):
-            calls = [plan.format.call_text(c["function"]["name"], call_arguments(c))
+            calls = [fmt.call_text(c["function"]["name"], call_arguments(c))
                      for c in m["tool_calls"]]
             out.append({"role": "assistant", "content": "\n".join(
                 [m["content"]] * bool(m.get("content")) + calls)})
@@ -41,8 +61,4 @@ def render(plan: ToolPlan, messages: list[dict]) -> list[dict]:
                         f"<tool_response>\n{m['content']}\n</tool_response>"})
         else:
             out.append({"role": m["role"], "content": m["content"]})
-    if out and out[0]["role"] == "system":
-        out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{intro}"}
-    else:
-        out.insert(0, {"role": "system", "content": intro})
     return out

@@ -48,6 +48,13 @@ def format_for_template(template: str | None, override: str = "auto") -> ToolFor
     return HERMES
 
 
+def format_for_model(model, override: str = "auto") -> ToolFormat:
+    """The served model's syntax (model: scheduler.models.ModelSlot; override: the
+    --tool-call-parser)."""
+    return format_for_template(model.chat_template if model.supports_tools else None,
+                               override)
+
+
 def call_arguments(call: dict) -> dict:
     """A past call's arguments as an object (clients send OpenAI's JSON text)."""
     arguments = call["function"].get("arguments") or {}

@@ -137,6 +137,15 @@ def _check_functions(functions: list[FunctionDef], limits: ToolLimits) -> None:
             raise _error(f"tools[{i}].function.parameters", exc.problem) from None
 
 
+def nested_choice(choice):
+    """A tool_choice in the flat spelling of the Responses and Realtime APIs
+    ({"type": "function", "name": "f"}) as chat completions spell it, which `plan`
+    takes; any other value as it is."""
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice
+
+
 def _with_dict_arguments(message: dict) -> dict:
     calls = message.get("tool_calls")
     if not calls:

@@ -16,6 +16,8 @@ from gateway.errors import RequestError
 from gateway.messages import fit_to_context
 from gateway.sockets.requests import run_request
 from gateway.stream import Stream
+from gateway.tools.fallback import without_tools
+from gateway.tools.formats import format_for_model
 from gateway.ws import frames as f
 
 if TYPE_CHECKING:
@@ -60,7 +62,9 @@ class ChatTurn:
         if not self.started:
             return None
         model = self.protocol.rt.model
-        messages = self.session.chat_messages()
+        # A Realtime socket on this session may have added function calls: as text here.
+        fmt = format_for_model(model, self.protocol.rt.config.tool_call_parser)
+        messages = without_tools(fmt, self.session.chat_messages())
         # The history fitted to the context, one user turn and its reply dropped at a time.
         return await self.protocol.rt.tokenize(lambda: fit_to_context(
             model.encode_chat, messages, max_tokens, model.max_model_len, step=2), stream.id)

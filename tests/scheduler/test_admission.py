@@ -258,3 +258,19 @@ async def test_priority_is_capped_per_key():
         SchedulerConfig(key_max_priority=("not-a-key-id=5",))
     with pytest.raises(ConfigError, match="max_client_priority"):
         SchedulerConfig(max_client_priority=101)
+
+
+async def test_check_door_refuses_what_an_empty_prompt_would_not_get():
+    ctl, _, _ = make(max_running_requests=1, max_waiting_requests=1)
+    ctl.check_door("chat")  # a free slot: open, and nothing is taken
+    assert ctl.num_running == 0 and ctl.num_waiting == 0
+    running, queued = ctl.try_admit("chat"), ctl.try_admit("chat")
+    assert (running.state, queued.state) == ("running", "queued")
+    with pytest.raises(Rejected) as refused:
+        ctl.check_door("chat")  # the queue is full: refused before any prompt is made
+    assert refused.value.code == "overloaded"
+    assert ctl.rejections["overloaded"] == 1 and ctl.num_waiting == 1
+    with pytest.raises(InvalidAdmission):
+        ctl.check_door("chat", priority=99)
+    ctl.release(queued)
+    ctl.check_door("chat")  # a place in the queue again

@@ -17,10 +17,10 @@ SOCKETS = 200
 # Long enough that the first wave of engine slots outlasts the queue budget (2.5 s) on
 # any box, so a request queued behind it would be refused late.
 MAX_TOKENS = 64
-# A refusal is decided once the prompt is rendered, and prompts render one at a time on
-# the model's tokenizer thread (off the event loop): 168 at once queue there for tens of
-# milliseconds. Refusing before rendering when the door is closed would bring this back
-# to the loop's own latency.
+# A refusal is decided before the prompt is rendered (Runtime.check_door), so a burst's
+# refusals do not queue behind the one tokenizer thread. What is left is the loop's own
+# latency: 200 frames read, parsed and answered in turn, which on a loaded 2-core box
+# reaches 50 ms, hence the 100 ms bound.
 DOOR_S = 0.1
 
 
