@@ -12,6 +12,7 @@ _EXPORTS = {
     "ModelLoadError": "engine.errors", "PromptTooLongError": "engine.errors",
     "LLM": "engine.llm", "Mailbox": "engine.mailbox", "CompletionOutput": "engine.outputs", "EngineStats": "engine.outputs",
     "RequestOutput": "engine.outputs", "SamplingParams": "engine.sampling_params",
+    "release_free_heap": "engine.host_memory", "served_name": "engine.loader",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -60,6 +60,15 @@ def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 
     return _load_hf_dir(path, name, device, dtype, prepare)
 
 
+def served_name(spec: str) -> str:
+    """The name `load_model(spec)` gives its model, without loading it."""
+    if spec == "default":
+        return DEFAULT_MODEL_NAME
+    if spec.startswith("dummy:"):
+        return spec
+    return Path(spec).stem if spec.endswith(".gguf") else Path(spec).name
+
+
 def default_gguf_path() -> Path:
     """The GGUF file inside the default model's wheel."""
     spec = importlib.util.find_spec(_GGUF_PACKAGE)

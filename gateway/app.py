@@ -34,7 +34,7 @@ from gateway.sessions.store import MemorySessionStore, SessionStore
 from gateway.sockets.guard import ConnectionGuard, GuardedRunner
 from gateway.ws.route import ws_handler
 from scheduler.door import Scheduler
-from scheduler.metrics import register_metrics
+from scheduler.metrics import register_metrics, register_model_metrics
 
 STATIC = Path(__file__).parent / "static"
 CLOSE_SERVICE_RESTART = 1012
@@ -47,6 +47,7 @@ def build_app(config: GatewayConfig, scheduler: Scheduler,
     store = store if store is not None else MemorySessionStore()
     metrics = Metrics(scheduler.stats, scheduler.gpu_sample)
     register_metrics(metrics.registry, scheduler.admission)
+    register_model_metrics(metrics.registry, scheduler)
     rt = Runtime(config, metrics, scheduler, SessionRegistry(store))
     # Read at scrape time: a session leaves the registry when its last save lands, which
     # can be after its last socket closed.
@@ -71,6 +72,8 @@ def _routes(router: web.UrlDispatcher) -> None:
     router.add_post("/v1/realtime/client_secrets", create_client_secret)
     router.add_get("/v1/models", openai.models)
     router.add_get("/v1/models/{model:.+}", openai.model)  # ids may hold a slash
+    router.add_post("/v1/models/{model:.+}/load", openai.load_model)
+    router.add_post("/v1/models/{model:.+}/unload", openai.unload_model)
     router.add_post("/v1/chat/completions", openai.chat_completions)
     router.add_post("/v1/completions", openai.completions)
 
@@ -103,17 +106,27 @@ async def _scheduler(app: web.Application):
 
 
 async def _model(app: web.Application):
-    """Load in the background: the listener answers /health and /ready meanwhile (an
-    engine the caller started is ready before the listener opens)."""
-    model = app[RUNTIME].model
-    loading = app[_LOADING] = asyncio.create_task(model.load())
-    if model.given:
+    """Load the default model in the background (/health and /ready answer meanwhile; an
+    engine the caller started is ready before the listener opens), then the other models
+    configured to preload; the rest load on first use."""
+    models = app[RUNTIME].scheduler.models
+    loading = app[_LOADING] = asyncio.create_task(models.preload(models.default))
+    if models.default.given:
         await loading
+    others = asyncio.create_task(_preload_others(models, loading))
     yield
-    loading.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await loading
-    await model.stop()
+    for task in (others, loading):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await models.stop()
+
+
+async def _preload_others(models, default_loading: asyncio.Task) -> None:
+    await asyncio.wait([default_loading])
+    for slot in models.slots[1:]:
+        if slot.preload:
+            await models.preload(slot)
 
 
 async def _watcher(app: web.Application):
@@ -191,8 +204,8 @@ async def index(request: web.Request) -> web.FileResponse:
 async def health(request: web.Request) -> web.Response:
     """Process up and, once loaded, the engine loop alive."""
     rt = request.app[RUNTIME]
-    alive = rt.model.alive
-    ok = rt.status == "loading" or alive
+    alive = rt.default_model.alive
+    ok = rt.status in ("loading", "unloaded") or alive  # unloaded: loads on next use
     return web.json_response({"status": "ok" if ok else "unhealthy", "state": rt.status,
                               "engine_alive": alive}, status=200 if ok else 503)
 
@@ -209,7 +222,7 @@ async def ready(request: web.Request) -> web.Response:
     if reason:
         return web.json_response({"ready": False, "reason": reason}, status=503,
                                  headers={"Retry-After": "1"})
-    return web.json_response({"ready": True, "model": rt.model.name})
+    return web.json_response({"ready": True, "model": rt.default_model.name})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -66,3 +66,15 @@ def bad_request(message: str, param: str | None,
     """A 400 naming the field the way OpenAI does."""
     return error_response(web.HTTPBadRequest, message, code,
                           err_type="invalid_request_error", param=param)
+
+
+def model_refusal(exc: RequestError) -> web.HTTPException:
+    """A request's model that is unknown (404 model_not_found), cannot load (503
+    model_unavailable, the loader's error) or has too many waiting for its load (503
+    overloaded), as an HTTP error."""
+    if exc.code == "model_not_found":
+        return error_response(web.HTTPNotFound, exc.message, exc.code,
+                              err_type="invalid_request_error", param="model")
+    retry_s = -(-(exc.retry_after_ms or 5000) // 1000)
+    return error_response(web.HTTPServiceUnavailable, exc.message, exc.code,
+                          err_type="server_error", headers={"Retry-After": str(retry_s)})

@@ -1,15 +1,18 @@
 """Runtime: what every handler of one app shares, stored under a typed AppKey.
 
-    status: the model's (loading -> ready, or failed) until a drain, then "draining";
-            failed wins over draining (an engine that died says why)
+    status: the default model's (loading -> ready, or failed) until a drain, then
+            "draining"; failed wins over draining (an engine that died says why)
+    model:  the model the current task is bound to (select_model: a request's `model`,
+            a socket's ?model=), else the default; held loaded by hold_model/using_model
 """
 from __future__ import annotations
 
 import asyncio
 import collections
 import contextlib
+import contextvars
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -22,10 +25,17 @@ from gateway.sessions.registry import SessionRegistry
 from gateway.stream import Stream
 from gateway.tokens import ClientSecrets
 from scheduler.door import Admission, Ask, Scheduler
-from scheduler.models import FAILED, ModelSlot
+from scheduler.models import FAILED, UNLOADED, ModelSlot
+from scheduler.registry import ModelRegistry, ModelUnavailable, UnknownModel
 from scheduler.ticket import InvalidAdmission, Rejected
 
 T = TypeVar("T")
+
+# The model a request's task works with. A context variable, not an argument: the model is
+# chosen once where the request (or socket) starts, and the tasks it starts inherit it,
+# so the code that renders, admits and streams reads `rt.model` as it did with one model.
+_BOUND: contextvars.ContextVar[ModelSlot | None] = contextvars.ContextVar("tokenwire_model",
+                                                                         default=None)
 
 
 @dataclass
@@ -49,21 +59,58 @@ class Runtime:
 
     @property
     def model(self) -> ModelSlot:
+        """The model this task is bound to (select_model), else the default model."""
+        return _BOUND.get() or self.scheduler.model
+
+    @property
+    def default_model(self) -> ModelSlot:
         return self.scheduler.model
 
     @property
     def status(self) -> str:
-        if self.draining and self.model.state != FAILED:
+        if self.draining and self.default_model.state != FAILED:
             return "draining"
-        return self.model.state
+        return self.default_model.state
 
     @property
     def reason(self) -> str:
-        return "draining" if self.status == "draining" else self.model.reason
+        return "draining" if self.status == "draining" else self.default_model.reason
 
     @property
     def ready(self) -> bool:
-        return self.status == "ready" and self.model.alive
+        """The default model loaded and alive (or unloaded by an explicit unload or its
+        keep-alive: it loads again on the next request), not draining."""
+        return (self.status == "ready" and self.default_model.alive) or \
+            self.status == UNLOADED
+
+    def select_model(self, name: str | None, request_id: str | None = None) -> ModelSlot:
+        """Bind this task (and the tasks it starts from now on) to the model `name` routes
+        to (None: the default); a RequestError model_not_found naming the served ones."""
+        try:
+            slot = self.scheduler.models.resolve(name)
+        except UnknownModel as exc:
+            raise RequestError(exc.code, str(exc), request_id, param="model") from None
+        _BOUND.set(slot)
+        return slot
+
+    async def hold_model(self, request_id: str | None = None) -> ModelSlot:
+        """Hold the bound model loaded (loading it first if it must) until this task ends:
+        a held model is never unloaded. A RequestError model_unavailable when it cannot
+        load (the loader's error)."""
+        slot, models = self.model, self.scheduler.models
+        asyncio.current_task().add_done_callback(lambda _: models.release(slot))
+        await _hold(models, slot, request_id)
+        return slot
+
+    @contextlib.asynccontextmanager
+    async def using_model(self, request_id: str | None = None) -> AsyncIterator[ModelSlot]:
+        """hold_model for a block rather than the task's life."""
+        slot, models = self.model, self.scheduler.models
+        try:
+            await _hold(models, slot, request_id)
+            yield slot
+        finally:
+            models.release(slot)
 
     def limits(self) -> dict:
         """The `limits` object of protocol v1's `hello`."""
@@ -104,7 +151,8 @@ class Runtime:
         """Refuse now (a RequestError, as admit's) if admission would refuse even an empty
         prompt: called before rendering, so a burst's refusals skip the tokenizer's queue."""
         with self._admission_errors(stream):
-            self.scheduler.check_door(Ask(_kind(stream), priority, 0, socket, owner))
+            self.scheduler.check_door(Ask(_kind(stream), priority, 0, socket, owner),
+                                      self.model)
 
     async def admit(self, stream: Stream, priority: int, prompt_tokens: int,
                     socket: object | None, owner: str | None) -> Admission:
@@ -112,7 +160,7 @@ class Runtime:
         RequestError: rate_limited or overloaded (with retry_after_ms), invalid_request."""
         with self._admission_errors(stream):
             return await self.scheduler.admit(
-                Ask(_kind(stream), priority, prompt_tokens, socket, owner))
+                Ask(_kind(stream), priority, prompt_tokens, socket, owner), self.model)
 
     @contextlib.contextmanager
     def _admission_errors(self, stream: Stream):
@@ -131,6 +179,18 @@ class Runtime:
 def _kind(stream: Stream) -> str:
     """Admission's class for a stream: chat turns run ahead of bulk generates."""
     return "chat" if stream.kind == "chat" else "generate"
+
+
+async def _hold(models: ModelRegistry, slot: ModelSlot, request_id: str | None) -> None:
+    """ModelRegistry.hold, its refusals as RequestErrors: model_unavailable (the loader's
+    error), overloaded (too many waiting for the load)."""
+    try:
+        await models.hold(slot)
+    except ModelUnavailable as exc:
+        raise RequestError(exc.code, str(exc), request_id) from None
+    except Rejected as exc:
+        raise RequestError(exc.code, str(exc), request_id,
+                           retry_after_ms=exc.retry_after_ms) from None
 
 
 RUNTIME = web.AppKey("runtime", Runtime)

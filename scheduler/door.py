@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from scheduler.admission import AdmissionController
 from scheduler.config import SchedulerConfig
 from scheduler.models import ModelSlot
+from scheduler.registry import ModelRegistry
 from scheduler.signals import ResourceSampler
 from scheduler.ticket import Ticket
 
@@ -65,43 +66,64 @@ class Admission:
 
 
 class Scheduler:
-    """Admission, queueing and dispatch in front of the model's engine."""
+    """Admission, queueing and dispatch in front of the models' engines: `model` is the
+    default model, `others` the rest (`--model` order), `memory_budget` the bytes their
+    loaded engines may take together (None: no limit).
+
+    Each model has its own AdmissionController (its queue, slots and backpressure, read
+    from its own engine's stats); `admission` is the default model's, as it was when one
+    model was served. The models' engines run on their own threads and share the CPU as
+    the OS schedules them (docs/models.md)."""
 
     def __init__(self, config: SchedulerConfig, model: ModelSlot,
-                 sampler: ResourceSampler | None = None):
+                 sampler: ResourceSampler | None = None, *, others: tuple[ModelSlot, ...] = (),
+                 memory_budget: int | None = None):
         self.config = config
         self.model = model
+        self.models = ModelRegistry(
+            [model, *others], memory_budget,
+            config.max_running_requests + config.max_waiting_requests,
+            config.retry_after_max_ms)
         self.sampler = sampler if sampler is not None else ResourceSampler(
             config.nvml_interval_s)
         self.admission = AdmissionController(config, model.stats, self.sampler)
+        self.admissions = {model: self.admission}
+        for other in others:  # one sampler, started and stopped with the default's
+            self.admissions[other] = AdmissionController(config, other.stats, self.sampler)
 
     async def start(self) -> None:
         await self.admission.start()
 
     async def stop(self) -> None:
         """Refuse everything still queued; stop sampling."""
+        self.refuse_queued("overloaded", self.config.retry_after_max_ms, "server stopping")
         await self.admission.stop()
 
-    async def admit(self, ask: Ask) -> Admission:
-        """An engine slot for this request, waiting in the queue if it must; raises
-        Rejected (overloaded, rate_limited) or InvalidAdmission (a bad priority)."""
-        ticket = self.admission.try_admit(ask.kind, ask.priority, ask.prompt_tokens,
-                                          ask.socket, ask.owner)
+    async def admit(self, ask: Ask, model: ModelSlot | None = None) -> Admission:
+        """An engine slot of `model` (the default: None) for this request, waiting in its
+        queue if it must; raises Rejected (overloaded, rate_limited) or InvalidAdmission
+        (a bad priority). The caller holds the model loaded (ModelRegistry.hold)."""
+        model = model or self.model
+        ticket = self.admissions[model].try_admit(ask.kind, ask.priority, ask.prompt_tokens,
+                                                  ask.socket, ask.owner)
         try:
             await ticket.wait()
         except BaseException:
             ticket.release()  # refused or cancelled while queued: give the place back
             raise
-        return Admission(ticket, self.model)
+        return Admission(ticket, model)
 
-    def check_door(self, ask: Ask) -> None:
-        """Raise Rejected (or InvalidAdmission) if the door refuses even an empty prompt
-        now: checked before a prompt is rendered, so a refusal costs no tokenizer time."""
-        self.admission.check_door(ask.kind, ask.priority, ask.socket, ask.owner)
+    def check_door(self, ask: Ask, model: ModelSlot | None = None) -> None:
+        """Raise Rejected (or InvalidAdmission) if `model`'s door (the default's: None)
+        refuses even an empty prompt now: checked before a prompt is rendered, so a
+        refusal costs no tokenizer time."""
+        self.admissions[model or self.model].check_door(ask.kind, ask.priority, ask.socket,
+                                                       ask.owner)
 
     def refuse_queued(self, code: str, retry_after_ms: int, message: str) -> None:
         """Refuse every request still waiting for an engine slot (a drain's deadline)."""
-        self.admission.refuse_queued(code, retry_after_ms, message)
+        for admission in self.admissions.values():
+            admission.refuse_queued(code, retry_after_ms, message)
 
     def stats(self) -> EngineStats | None:
         """The engine's stats with the admission queue counted as waiting (for /metrics)."""
@@ -117,5 +139,5 @@ class Scheduler:
         return None if s.gpu_util is None else (s.gpu_util, s.gpu_memory_used)
 
     def overloaded(self) -> bool:
-        """Whether an overload signal holds now (for /ready)."""
+        """Whether an overload signal holds now on the default model (for /ready)."""
         return self.admission.overloaded is not None

@@ -10,15 +10,51 @@ from __future__ import annotations
 import math
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from scheduler.admission import AdmissionController
+from scheduler.door import Scheduler
 
 P = "tokenwire_"
 
 
 def register_metrics(registry: CollectorRegistry, controller: AdmissionController) -> None:
     registry.register(_SchedulerCollector(controller))
+
+
+def register_model_metrics(registry: CollectorRegistry, scheduler: Scheduler) -> None:
+    """Per-model series, labelled `model` (the unlabelled admission and engine metrics
+    stay the default model's, as they were with one model)."""
+    registry.register(_ModelCollector(scheduler))
+
+
+class _ModelCollector:
+    def __init__(self, scheduler: Scheduler):
+        self._scheduler = scheduler
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        models = self._scheduler.models
+        states = GaugeMetricFamily(P + "model_state", "1 for the model's state (loaded, "
+                                   "loading, unloaded, failed)", labels=["model", "state"])
+        memory = GaugeMetricFamily(P + "model_memory_bytes", "RSS the model's last load "
+                                   "took", labels=["model"])
+        loads = CounterMetricFamily(P + "model_loads", "Loads that succeeded",
+                                    labels=["model"])
+        held = GaugeMetricFamily(P + "model_requests_held", "Requests holding the model "
+                                 "(running, queued or waiting for its load)", labels=["model"])
+        queued = GaugeMetricFamily(P + "model_admission_queue_requests", "Requests in the "
+                                   "model's admission queue", labels=["model"])
+        for slot in models.slots:
+            for state in ("loaded", "loading", "unloaded", "failed"):
+                states.add_metric([slot.name, state], 1 if models.state(slot) == state else 0)
+            memory.add_metric([slot.name], slot.memory_bytes)
+            loads.add_metric([slot.name], slot.loads)
+            held.add_metric([slot.name], models.holds(slot))
+            queued.add_metric([slot.name], self._scheduler.admissions[slot].num_waiting)
+        yield from (states, memory, loads, held, queued)
 
 
 class _SchedulerCollector:

@@ -1,7 +1,8 @@
 """ModelSlot: a served model and the engine behind it, as the gateway sees it.
 
-    state:  loading ──load()──> ready ──engine dies──> failed
-                       └── load fails ──> failed
+    state:  unloaded ──load()──> loading ──> ready ──engine dies──> failed
+               ^                    └── load fails ──> failed
+               └──────── unload() ─────────┘ (ready or failed)
 
 The gateway reads what a model is (name, context length, chat template) and turns text
 into token ids here; it never holds the engine. Requests reach the engine only through
@@ -16,30 +17,54 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
 
+import psutil
+
 if TYPE_CHECKING:
     from engine import AsyncEngine, EngineConfig, EngineStats, SamplingParams
 
 log = logging.getLogger(__name__)
 
-LOADING, READY, FAILED = "loading", "ready", "failed"
+UNLOADED, LOADING, READY, FAILED = "unloaded", "loading", "ready", "failed"
 T = TypeVar("T")
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def served_name(source: str) -> str:
+    """The name a model from `source` is served under when none is given (its own)."""
+    from engine import served_name as engine_name  # imports torch: only when serving
+
+    return engine_name(source)
 
 
 class ModelSlot:
     """One model: an engine the caller started (`engine`, owned by the caller) or one
     built from `config` (loaded in a thread by `load()`, stopped by `stop()`). `on_ready`
-    runs once the engine is ready (the entry point's process-wide settings)."""
+    runs once the engine is ready (the entry point's process-wide settings). `name` is the
+    name requests route by (None: the engine's own, known once loaded); `keep_alive_s`:
+    idle seconds before the registry unloads it (0: after each request, -1: never);
+    `preload`: loaded at start rather than on first use."""
 
     def __init__(self, engine: AsyncEngine | None = None, config: EngineConfig | None = None,
-                 on_ready: Callable[[], None] | None = None):
+                 on_ready: Callable[[], None] | None = None, *, name: str | None = None,
+                 keep_alive_s: float = -1, preload: bool = True):
         if (engine is None) == (config is None):
             raise ValueError("give exactly one of engine or config")
         self._engine: AsyncEngine | None = None
         self._config = config
         self._given = engine
         self._on_ready = on_ready
-        self.state = LOADING
-        self.reason = "model loading"
+        self._name = name
+        self.keep_alive_s = keep_alive_s
+        self.preload = preload
+        self.state, self.reason = (LOADING, "model loading") if preload else \
+            (UNLOADED, "model not loaded")
+        self.memory_bytes = 0  # what the process's RSS grew by when it last loaded
+        self.loads = 0
+        self._max_model_len: int | None = None  # kept once known: a socket's hello shows it
+        self.dead = asyncio.Event()  # set once a ready engine died
         self.dead = asyncio.Event()  # set once a ready engine died
         # Templates and tokenization run here, off the event loop. One thread: a fast
         # tokenizer's encode is not safe from several threads at once (it sets its
@@ -57,15 +82,19 @@ class ModelSlot:
             return
         from engine import AsyncEngine  # loads the model's code: only when one is built
 
+        self.state, self.reason = LOADING, "model loading"
+        before = _rss()  # after the engine's code is imported: that is not this model's
         try:
             engine = await asyncio.to_thread(AsyncEngine, self._config)
             await engine.start()
         except Exception as exc:  # noqa: BLE001 - reported by /health and /ready
-            log.exception("model failed to load")
+            log.exception("model %s failed to load", self._name or self._config.model)
             self.state, self.reason = FAILED, f"model failed to load: {exc}"
             return
+        self.memory_bytes = max(0, _rss() - before)
+        self.loads += 1
         self._set_ready(engine)
-        log.info("model %s loaded; ready", engine.model_name)
+        log.info("model %s loaded (%d MB); ready", self.name, self.memory_bytes >> 20)
 
     async def watch(self) -> None:
         """Return once the engine's loop has died (state failed, `dead` set)."""
@@ -82,8 +111,21 @@ class ModelSlot:
             with contextlib.suppress(Exception):
                 await self._engine.stop()
 
+    async def unload(self) -> None:
+        """Stop the engine and drop it: its weights, KV pool and prefix cache go with the
+        last reference (the registry calls this only while no request holds the model)."""
+        if self._given is not None:
+            raise ValueError("a model whose engine the caller started is not unloaded here")
+        engine, self._engine = self._engine, None
+        self._token_texts.clear()  # this model's tokenizer may not be the next load's
+        self.state, self.reason = UNLOADED, "model not loaded"
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                await engine.stop()
+
     def _set_ready(self, engine: AsyncEngine) -> None:
         self._engine = engine
+        self._max_model_len = engine.max_model_len
         if self._on_ready is not None:
             self._on_ready()
         if self.state == LOADING:
@@ -100,12 +142,26 @@ class ModelSlot:
         return self._engine is not None and self._engine.is_alive
 
     @property
-    def name(self) -> str:
-        return self._engine.model_name
+    def loaded(self) -> bool:
+        return self.state == READY and self._engine is not None
 
     @property
-    def max_model_len(self) -> int:
-        return self._engine.max_model_len
+    def name(self) -> str:
+        if self._name is not None:
+            return self._name
+        if self._engine is not None or self._given is not None:
+            return (self._engine or self._given).model_name
+        return served_name(self._config.model)  # what the engine will call it
+
+    @property
+    def source(self) -> str:
+        """What the model is loaded from (--model's SOURCE), or the given engine's name."""
+        return self._config.model if self._config is not None else self._given.model_name
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The context length (None until the model has loaded once)."""
+        return self._max_model_len
 
     @property
     def supports_tools(self) -> bool:

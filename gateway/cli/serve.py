@@ -14,6 +14,7 @@ from pathlib import Path
 
 from common.errors import ConfigError
 from gateway.cli.flags import add_config_flags, config_values
+from gateway.cli.models import DEFAULT_KEEP_ALIVE_S, ModelSpec, model_specs, split_model_flag
 from gateway.cli.tls import server_ssl_context
 from gateway.config import GatewayConfig
 from gateway.sessions.store import SessionStoreConfig
@@ -27,7 +28,18 @@ _ENGINE_SKIP = frozenset({"model", "device", "dtype"})
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a("--model", default="default", help='"default", a local HF directory or "dummy:NAME"')
+    a("--model", action="append", metavar="[NAME=]SOURCE",
+      help='a model to serve: "default", a local HF directory or "dummy:NAME", served as '
+      "NAME when given; repeat it for several (the first is the default model; "
+      "docs/models.md)")
+    a("--models", metavar="FILE", help="a TOML file of [[model]] tables with per-model "
+      "settings, served after the --model ones (docs/models.md)")
+    a("--models-memory", type=int, metavar="BYTES", help="the most memory the loaded "
+      "models may take together: idle ones are unloaded, least recently used first, "
+      "before a load (default: no limit)")
+    a("--keep-alive", type=float, default=DEFAULT_KEEP_ALIVE_S, metavar="SECONDS",
+      help="idle seconds before a model other than the default is unloaded (0: after "
+      "each request, -1: never; default: %(default)s)")
     a("--device", default="auto", help="auto | cpu | cuda[:N]")
     a("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     a("--num-threads", type=int, default=None,
@@ -85,9 +97,21 @@ def _engine_config_cls():
 
 
 def engine_config(args: argparse.Namespace):
+    """The engine flags' EngineConfig, for the first --model's SOURCE."""
     cls = _engine_config_cls()
-    return cls(model=args.model, device=args.device, dtype=args.dtype,
+    source = split_model_flag(args.model[0])[1] if args.model else "default"
+    return cls(model=source, device=args.device, dtype=args.dtype,
                **config_values(args, cls, _ENGINE_SKIP))
+
+
+def models(args: argparse.Namespace) -> tuple[list[ModelSpec], int | None]:
+    """The served models (the first is the default) and the memory budget."""
+    specs, budget = model_specs(args.model, args.models, engine_config(args), args.keep_alive)
+    if args.models_memory is not None:
+        budget = args.models_memory
+    if budget is not None and budget <= 0:
+        raise ConfigError("models_memory", "must be a positive number of bytes")
+    return specs, budget
 
 
 def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
@@ -99,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = gateway_config(args, dict(os.environ))
-        engine_cfg = engine_config(args)
+        specs, budget = models(args)
         sched_cfg = scheduler_config(args)
         store_cfg = session_store_config(args, dict(os.environ))
         tls = server_ssl_context(config)
@@ -113,4 +137,4 @@ def run(args: argparse.Namespace) -> int:
 
     from gateway.cli.server import exit_now, serve
 
-    exit_now(uvloop.run(serve(config, engine_cfg, sched_cfg, store_cfg, tls)))
+    exit_now(uvloop.run(serve(config, specs, sched_cfg, store_cfg, tls, budget)))

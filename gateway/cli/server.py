@@ -17,8 +17,8 @@ import ssl
 
 from aiohttp import web
 
-from engine.config import EngineConfig
 from gateway.app import build_app, build_metrics_app, drain, make_runner
+from gateway.cli.models import ModelSpec
 from gateway.cli.tls import TLSSite
 from gateway.config import GatewayConfig, is_loopback
 from gateway.sessions.factory import make_session_store
@@ -57,17 +57,23 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-async def serve(config: GatewayConfig, engine_cfg: EngineConfig, sched_cfg: SchedulerConfig,
-                store_cfg: SessionStoreConfig, tls: ssl.SSLContext | None = None) -> int:
-    """Serve until SIGTERM/SIGINT (then drain) or the engine's death (then status 1);
-    HTTPS and wss:// on config.port with `tls`."""
-    model = ModelSlot(config=engine_cfg, on_ready=freeze_startup_heap)
+async def serve(config: GatewayConfig, specs: list[ModelSpec], sched_cfg: SchedulerConfig,
+                store_cfg: SessionStoreConfig, tls: ssl.SSLContext | None = None,
+                memory_budget: int | None = None) -> int:
+    """Serve `specs` (the first is the default model) until SIGTERM/SIGINT (then drain) or
+    the default engine's death (then status 1); HTTPS and wss:// on config.port with `tls`.
+    The startup heap is frozen once the default model is ready."""
+    model, *others = [ModelSlot(config=s.engine, name=s.name, keep_alive_s=s.keep_alive_s,
+                                preload=s.preload,
+                                on_ready=freeze_startup_heap if i == 0 else None)
+                      for i, s in enumerate(specs)]
     log.info("sessions in %s", re.sub(r"//[^@/]*@", "//", store_cfg.url))  # no password
+    scheduler = Scheduler(sched_cfg, model, others=tuple(others), memory_budget=memory_budget)
     # The app owns the store from here: its cleanup closes it.
-    app = build_app(config, Scheduler(sched_cfg, model), make_session_store(store_cfg))
+    app = build_app(config, scheduler, make_session_store(store_cfg))
     runners = await _listen(app, config, tls)
     log.info("listening on %s://%s:%d (model %s loading)", "https" if tls else "http",
-             config.host, config.port, engine_cfg.model)
+             config.host, config.port, specs[0].engine.model)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

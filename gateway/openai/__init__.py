@@ -10,6 +10,8 @@
     fallback.py  unknown routes and methods under /v1 in OpenAI's error shape
 """
 from gateway.openai.fallback import v1_errors
-from gateway.openai.routes import chat_completions, completions, model, models
+from gateway.openai.routes import (chat_completions, completions, load_model, model, models,
+                                   unload_model)
 
-__all__ = ["chat_completions", "completions", "model", "models", "v1_errors"]
+__all__ = ["chat_completions", "completions", "load_model", "model", "models", "unload_model",
+           "v1_errors"]

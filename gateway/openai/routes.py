@@ -22,7 +22,7 @@ from aiohttp import web
 
 from engine.errors import EngineError, InvalidRequestError
 from gateway.auth import OWNER, authenticate, check_origin
-from gateway.errors import RequestError, bad_request, error_response
+from gateway.errors import RequestError, bad_request, error_response, model_refusal
 from gateway.messages import ROLES, message_dict
 from gateway.openai.answer import Job, sse, whole
 from gateway.openai.choices import plan
@@ -34,6 +34,8 @@ from gateway.params import given
 from gateway.runtime import RUNTIME, Runtime
 from gateway.stream import Stream
 from gateway.tools.plan import ToolPlan, for_model
+from scheduler.models import ModelSlot
+from scheduler.registry import ModelBusy, ModelUnavailable
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
@@ -66,25 +68,67 @@ def _internal() -> web.HTTPException:
 
 @_contained
 async def models(request: web.Request) -> web.Response:
-    rt = _runtime(request)  # 503 until the model is loaded
-    return web.json_response({"object": "list", "data": [_model_card(rt)]})
+    """Every configured model, loaded or not, with its state and memory."""
+    rt = _runtime(request)  # 503 until the default model is loaded
+    return web.json_response({"object": "list", "data": [
+        _model_card(rt, slot) for slot in rt.scheduler.models.slots]})
 
 
 @_contained
 async def model(request: web.Request) -> web.Response:
-    """One model by id (the SDKs' `models.retrieve`): the served one, else a 404."""
+    """One model by id (the SDKs' `models.retrieve`): a served one, else a 404."""
+    return web.json_response(_model_card(request.app[RUNTIME], _named_model(request)))
+
+
+@_contained
+async def load_model(request: web.Request) -> web.Response:
+    """POST /v1/models/{model}/load: load it now (a failed one is retried)."""
+    rt, slot = request.app[RUNTIME], _named_model(request)
+    try:
+        await rt.scheduler.models.load(slot)
+    except ModelUnavailable as exc:
+        raise error_response(web.HTTPServiceUnavailable, str(exc), exc.code,
+                             err_type="server_error") from None
+    return web.json_response(_model_card(rt, slot))
+
+
+@_contained
+async def unload_model(request: web.Request) -> web.Response:
+    """POST /v1/models/{model}/unload: unload it now; 409 model_busy while it serves."""
+    rt, slot = request.app[RUNTIME], _named_model(request)
+    if slot.given:
+        raise bad_request(f"model {slot.name!r} is the caller's engine: it is not unloaded",
+                          "model")
+    try:
+        await rt.scheduler.models.unload(slot)
+    except ModelBusy as exc:
+        raise error_response(web.HTTPConflict, str(exc), exc.code,
+                             err_type="invalid_request_error") from None
+    return web.json_response(_model_card(rt, slot))
+
+
+def _named_model(request: web.Request) -> ModelSlot:
+    """The model named in the path, by its exact name; a 404 model_not_found."""
     rt = _runtime(request)
     name = request.match_info["model"]
-    if name != rt.model.name:
-        raise error_response(web.HTTPNotFound, f"The model '{name[:200]}' does not exist; "
-                             f"this server serves '{rt.model.name}'", "model_not_found",
-                             err_type="invalid_request_error", param="model")
-    return web.json_response(_model_card(rt))
+    for slot in rt.scheduler.models.slots:
+        if slot.name == name:
+            return slot
+    served = ", ".join(repr(n) for n in rt.scheduler.models.names())
+    raise error_response(web.HTTPNotFound, f"The model '{name[:200]}' does not exist; "
+                         f"this server serves {served}", "model_not_found",
+                         err_type="invalid_request_error", param="model")
 
 
-def _model_card(rt: Runtime) -> dict:
-    return {"id": rt.model.name, "object": "model", "created": 0, "owned_by": "tokenwire",
-            "max_model_len": rt.model.max_model_len}
+def _model_card(rt: Runtime, slot: ModelSlot) -> dict:
+    """OpenAI's model object, with tokenwire's state, memory and keep-alive."""
+    models = rt.scheduler.models
+    return {"id": slot.name, "object": "model", "created": 0, "owned_by": "tokenwire",
+            "max_model_len": slot.max_model_len, "state": models.state(slot),
+            "reason": slot.reason or None, "memory_bytes": slot.memory_bytes,
+            "keep_alive_s": slot.keep_alive_s, "loads": slot.loads,
+            "running": models.holds(slot),
+            "default": slot is models.default}
 
 
 @_contained
@@ -92,6 +136,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
     req = await decode_body(request, ChatRequest, rt.config.body_timeout_s)
     check(req, rt.config.max_choices, chat=True)
+    await _use_model(rt, req.model)
     tools = _tool_plan(rt, req)
     messages = _messages(req, tools is not None, rt.config.max_conversation_items)
     echo = chat_echo(req, messages)  # of the conversation as sent
@@ -146,6 +191,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     rt = _runtime(request)
     req = await decode_body(request, CompletionRequest, rt.config.body_timeout_s)
     check(req, rt.config.max_choices, chat=False)
+    await _use_model(rt, req.model)
     prompt = _prompts(req.prompt)
     if len(prompt) * req.n > rt.config.max_choices:
         raise bad_request(f"prompt: {len(prompt)} prompts times n={req.n} is more than "
@@ -158,6 +204,16 @@ async def completions(request: web.Request) -> web.StreamResponse:
         echoes = await _tokenize(rt, lambda: [p if isinstance(p, str) else model.decode(p)
                                               for p in prompt], "prompt")
     return await _complete(request, rt, req, ids, echoes)
+
+
+async def _use_model(rt: Runtime, name: str | None) -> None:
+    """Bind this request to its model and hold it loaded (waiting for its load): 404
+    model_not_found, 503 model_unavailable (the loader's error)."""
+    try:
+        rt.select_model(name)
+        await rt.hold_model()
+    except RequestError as exc:
+        raise model_refusal(exc) from None
 
 
 async def _tokenize(rt: Runtime, job, param: str):

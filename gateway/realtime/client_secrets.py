@@ -91,8 +91,10 @@ def _session(spec: SessionSpec, rt: Runtime) -> dict:
     if spec.type != "realtime":
         raise bad_request('session.type: only "realtime" sessions are served',
                           "session.type")
-    if spec.model is not None and spec.model != rt.model.name:
-        raise bad_request(f"session.model: {spec.model!r} is not served here (the model "
-                          f"is {rt.model.name!r})", "session.model", code="model_not_found")
-    return {"type": "realtime", "object": "realtime.session", "model": rt.model.name,
-            "output_modalities": ["text"]}
+    names = rt.scheduler.models.names()
+    if spec.model is not None and spec.model not in names:
+        raise bad_request(f"session.model: {spec.model!r} is not served here (the models "
+                          f"are {', '.join(map(repr, names))})", "session.model",
+                          code="model_not_found")
+    return {"type": "realtime", "object": "realtime.session",
+            "model": spec.model or rt.default_model.name, "output_modalities": ["text"]}

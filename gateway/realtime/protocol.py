@@ -76,6 +76,9 @@ class RealtimeProtocol:
             log.exception("event %r on %s failed", event_id, self.core.tag)
             self.put(server.error("internal", "internal error", event_id))
 
+    def error_frame(self, exc: RequestError) -> dict:
+        return server.error(exc.code, exc.message, exc.request_id, exc.param)
+
     def put(self, frame: dict) -> None:
         self.core.outbox.put(frame)
 

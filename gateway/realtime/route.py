@@ -2,7 +2,7 @@
 
 Auth as OpenAI's: `Authorization: Bearer KEY`, or for browsers (which cannot set
 headers on a WebSocket) the subprotocols `realtime` and `openai-insecure-api-key.KEY`;
-`realtime` is echoed, never the key. `?model=` is accepted (one model is served);
+`realtime` is echoed, never the key. `?model=` picks the model (serve_socket binds it);
 `?session_id=` resumes a session's conversation.
 """
 from __future__ import annotations

@@ -101,6 +101,7 @@ async def _run(rt: Runtime, run: BackgroundRun) -> None:
     admission = None
     rt.http_streams.add(stream)  # a drain waits for it, then cancels it
     try:
+        await rt.hold_model()  # the request's model (this task inherits it), until run ends
         admission = await rt.admit(stream, prepared.turn.params.priority,
                                    len(prepared.prompt), None, prepared.owner)
         stream.admitted = time.perf_counter()

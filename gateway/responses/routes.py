@@ -16,7 +16,7 @@ import time
 from aiohttp import web
 
 from gateway.auth import OWNER
-from gateway.errors import RequestError, bad_request, error_response
+from gateway.errors import RequestError, bad_request, error_response, model_refusal
 from gateway.openai.request import decode_body
 from gateway.openai.routes import _contained, _runtime  # noqa: PLC2701 - one fault
 # boundary and one gate (origin, key, key slot, ready) for every OpenAI HTTP route
@@ -54,6 +54,11 @@ async def create(request: web.Request) -> web.StreamResponse:
     if req.background and req.store is False:
         raise bad_request("background: needs store: true (it is polled from the store)",
                           "background")
+    try:  # the model this response runs on, loaded (a background run holds it again)
+        rt.select_model(req.model if isinstance(req.model, str) else None)
+        await rt.hold_model()
+    except RequestError as exc:
+        raise model_refusal(exc) from None
     try:
         prepared = await prepare(rt, req, request[OWNER])
     except RequestError as exc:

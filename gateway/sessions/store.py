@@ -94,6 +94,7 @@ class SessionRecord:
     version: int = 0  # the stored version this copy was loaded at; 0: never saved
     response: dict | None = None  # a stored Responses API response (responses/stored.py)
     tools: dict | None = None  # a Realtime session's tool fields (realtime/tools.py)
+    model: str | None = None  # the model it talks to; None: the default (one model served)
 
 
 class SessionStore(Protocol):
@@ -208,7 +209,8 @@ def encode_record(record: SessionRecord, limit: int) -> tuple[str, int]:
     fields = {"owner": record.owner, "system": record.system, "params": record.params,
               "messages": record.messages, **({"response": record.response}
                                               if record.response is not None else {}),
-              **({"tools": record.tools} if record.tools is not None else {})}
+              **({"tools": record.tools} if record.tools is not None else {}),
+              **({"model": record.model} if record.model is not None else {})}
     body = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
     size = len(body.encode("utf-8"))
     if size > limit:
@@ -225,7 +227,7 @@ def decode_record(session_id: str, body: str, updated_at: float, version: int) -
     data = json.loads(body)
     return SessionRecord(session_id, data["owner"], data["system"], data["params"],
                          data["messages"], updated_at, version, data.get("response"),
-                         data.get("tools"))
+                         data.get("tools"), data.get("model"))
 
 
 class _Row(NamedTuple):

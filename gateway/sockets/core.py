@@ -22,6 +22,7 @@ from gateway.sockets.outbox import CLOSE_SLOW_CONSUMER, Outbox, OutboxFull, run_
 from gateway.stream import Stream
 
 if TYPE_CHECKING:
+    from gateway.errors import RequestError
     from gateway.runtime import Runtime
     from gateway.sessions.live import LiveSession
 
@@ -43,6 +44,9 @@ class WireProtocol(Protocol):
 
     def draining_frame(self, reconnect_after_ms: int) -> dict:
         """The frame that tells the client the server is shutting down."""
+
+    def error_frame(self, exc: RequestError) -> dict:
+        """A request-level error as this protocol's frame."""
 
 
 class SocketCore:

@@ -34,37 +34,40 @@ async def run_request(core: SocketCore, stream: Stream, render: Render,
                       refuse: Callable[[RequestError], None],
                       before_done: Callable[[Stream], Awaitable[None]] | None = None) -> None:
     """Serve one request to its end; `owner` is the session's key hash (per-key limits)."""
-    admission = None
-    try:
-        core.rt.check_door(stream, params.priority, core, owner)
-        prompt = await render(stream, params.max_tokens)
-        if prompt is None:
-            return
-        admission = await core.rt.admit(stream, params.priority, len(prompt), core, owner)
-        stream.admitted = time.perf_counter()
-        stream.logprobs = params.logprobs is not None
-        outputs = admission.generate(prompt, params, stream.engine_id)
-        async with contextlib.aclosing(outputs):
-            async for out in outputs:
-                stream.absorb(out)
-                core.outbox.put_delta(stream)
-        if before_done is not None:
-            await before_done(stream)
-        core.outbox.put_done(stream)
-    except asyncio.CancelledError:
-        if not stream.cancel_requested:
-            raise  # the socket closed: nothing to tell, the generator already aborted
-        asyncio.current_task().uncancel()
-        stream.finish_reason = "cancelled"
-        core.outbox.put_done(stream)
-    except RequestError as exc:
-        refuse(exc)
-    except Exception as exc:  # noqa: BLE001 - a request's failure must not kill the socket
-        _failed(core, stream, exc, refuse)
-    finally:
-        if admission is not None:
-            admission.release(stream.completion_tokens, stream.finish_reason)
-        core.streams.pop(stream.id, None)
+    async with contextlib.AsyncExitStack() as held:
+        admission = None
+        try:
+            core.rt.check_door(stream, params.priority, core, owner)
+            # The socket's model, held loaded until the request ends (released last).
+            await held.enter_async_context(core.rt.using_model(stream.id))
+            prompt = await render(stream, params.max_tokens)
+            if prompt is None:
+                return
+            admission = await core.rt.admit(stream, params.priority, len(prompt), core, owner)
+            stream.admitted = time.perf_counter()
+            stream.logprobs = params.logprobs is not None
+            outputs = admission.generate(prompt, params, stream.engine_id)
+            async with contextlib.aclosing(outputs):
+                async for out in outputs:
+                    stream.absorb(out)
+                    core.outbox.put_delta(stream)
+            if before_done is not None:
+                await before_done(stream)
+            core.outbox.put_done(stream)
+        except asyncio.CancelledError:
+            if not stream.cancel_requested:
+                raise  # the socket closed: nothing to tell, the generator already aborted
+            asyncio.current_task().uncancel()
+            stream.finish_reason = "cancelled"
+            core.outbox.put_done(stream)
+        except RequestError as exc:
+            refuse(exc)
+        except Exception as exc:  # noqa: BLE001 - a request's failure must not kill the socket
+            _failed(core, stream, exc, refuse)
+        finally:
+            if admission is not None:
+                admission.release(stream.completion_tokens, stream.finish_reason)
+            core.streams.pop(stream.id, None)
 
 
 def _failed(core: SocketCore, stream: Stream, exc: Exception,

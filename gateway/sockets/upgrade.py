@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from aiohttp import hdrs, web
+from aiohttp import WSCloseCode, hdrs, web
 
 from gateway.auth import without_keys
 from gateway.errors import RequestError, error_response
 from gateway.runtime import Runtime
+from gateway.sessions.live import LiveSession
 from gateway.sessions.store import SessionStoreUnavailableError
 from gateway.sockets.core import SocketCore, WireProtocol
 
@@ -52,6 +53,32 @@ async def serve_socket(request: web.Request, rt: Runtime, chosen: str | None,
         rt.give_key_slot(owner)
 
 
+async def _choose_model(rt: Runtime, name: str | None,
+                        live: LiveSession) -> RequestError | None:
+    """Bind the socket to `?model=`, else its session's model, else the default, and wait
+    for it to load (after the upgrade: a load can outlast a client's handshake timeout;
+    the hello that names its limits comes after). The session remembers the model where
+    several are served. The refusal (model_not_found, model_unavailable) the socket
+    answers with instead."""
+    try:
+        slot = rt.select_model(name or live.record.model)
+        async with rt.using_model():
+            pass
+    except RequestError as exc:
+        return exc
+    if len(rt.scheduler.models.slots) > 1:
+        live.record.model = slot.name
+    return None
+
+
+async def _refuse(ws: web.WebSocketResponse, protocol: WireProtocol,
+                  refusal: RequestError) -> None:
+    """The protocol's error event in place of its hello, then a close (1008)."""
+    frame = protocol.encode(protocol.error_frame(refusal))
+    await (ws.send_bytes(frame) if isinstance(frame, bytes) else ws.send_str(frame))
+    await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=refusal.code.encode())
+
+
 async def _serve(request: web.Request, rt: Runtime, chosen: str | None, owner: str | None,
                  tag_prefix: str, make_protocol: ProtocolFactory) -> web.WebSocketResponse:
     config = rt.config
@@ -73,8 +100,12 @@ async def _serve(request: web.Request, rt: Runtime, chosen: str | None, owner: s
     core = None
     try:
         await ws.prepare(without_keys(request))
+        refusal = await _choose_model(rt, request.query.get("model"), live)
         core = SocketCore(rt, ws, live, tag_prefix)
         protocol = make_protocol(core, resumed)
+        if refusal is not None:
+            await _refuse(ws, protocol, refusal)
+            return ws
         rt.connections.add(core)
         rt.metrics.ws_active.inc()
         await core.serve(protocol)

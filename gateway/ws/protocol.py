@@ -93,6 +93,9 @@ class V1Protocol:
     def put_error(self, exc: RequestError) -> None:
         self.core.outbox.put(f.error_frame(exc))
 
+    def error_frame(self, exc: RequestError) -> dict:
+        return f.error_frame(exc)
+
     # -- client messages -----------------------------------------------------------------
     def params(self, request_id: str | None, *layers: wire.Params | dict | None):
         """SamplingParams from the layers; a refusal names `params.FIELD`."""

@@ -1,0 +1,42 @@
+"""ModelRegistry over real engines (dummy:tiny on CPU): shared loads, the bound on load
+waiters, keep-alive 0, and a held model never unloaded."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine.config import EngineConfig
+from scheduler.models import ModelSlot
+from scheduler.registry import ModelBusy, ModelRegistry
+from scheduler.ticket import Rejected
+
+pytestmark = pytest.mark.usefixtures("cpu_kernels")
+
+
+def _slot(name: str, keep_alive_s: float = -1, preload: bool = False) -> ModelSlot:
+    config = EngineConfig(model="dummy:tiny", device="cpu", num_kv_blocks=16,
+                          max_model_len=256, max_num_seqs=2)
+    return ModelSlot(config=config, name=name, keep_alive_s=keep_alive_s, preload=preload)
+
+
+async def test_waiters_share_one_load_and_too_many_are_refused():
+    b = _slot("b", keep_alive_s=0)
+    models = ModelRegistry([_slot("a", preload=True), b], max_load_waiters=2)
+    try:
+        results = await asyncio.gather(*(models.hold(b) for _ in range(4)),
+                                       return_exceptions=True)
+        refused = [r for r in results if isinstance(r, Rejected)]
+        assert len(refused) == 2 and refused[0].code == "overloaded"
+        assert results[:2] == [None, None] and b.loaded and b.loads == 1
+        with pytest.raises(ModelBusy):
+            await models.unload(b)  # held: never unloaded
+        for _ in range(4):
+            models.release(b)
+        for _ in range(100):  # keep-alive 0: unloaded once the last hold ends
+            if not b.loaded:
+                break
+            await asyncio.sleep(0.02)
+        assert models.state(b) == "unloaded"
+    finally:
+        await models.stop()
