@@ -16,9 +16,8 @@ class CpuAttention(TorchAttention):
     """TorchAttention with decode and prefill/extend rows read straight from the paged
     cache in C++ (no gathered or per-head repeated copy of the context; each K/V row read
     once for all query heads of its group; all prefill requests in one call) and new K/V
-    rows stored in one C++ call. Other dtypes and head sizes keep the torch path, and so
-    do a windowed layer's prefill rows (the C++ prefill attention takes no window yet);
-    its decode rows read only the window's tokens in C++."""
+    rows stored in one C++ call; with a sliding window, tokens before it are never read.
+    Other dtypes and head sizes keep the torch path."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels, *,
                  window: int | None = None, scale: float | None = None):
@@ -26,8 +25,7 @@ class CpuAttention(TorchAttention):
         self.kernels = kernels
 
     def _prefill_in_cpp(self, dtype: torch.dtype) -> bool:
-        return (dtype == torch.float32 and self.head_dim in ATTENTION_HEAD_DIMS
-                and self.window is None)
+        return dtype == torch.float32 and self.head_dim in ATTENTION_HEAD_DIMS
 
     def _store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         if k_cache.dtype != torch.float32:
@@ -40,7 +38,7 @@ class CpuAttention(TorchAttention):
         nd = meta.num_decodes
         self.kernels.paged_prefill_attention(out, q, k_cache, v_cache, meta.block_tables[nd:],
                                              meta.query_start_loc[nd:], meta.seq_lens[nd:],
-                                             self.scale)
+                                             self.scale, self.window or 0)
 
     def attend_qkv(self, qkv, positions, cos_sin_cache, kv_cache, meta: AttentionMetadata):
         """qkv [T, (H + 2 Hkv) * D] -> [T, H * D]: rope and the K/V store in one C++ pass
@@ -50,7 +48,8 @@ class CpuAttention(TorchAttention):
         if not self._prefill_in_cpp(qkv.dtype):
             return None
         k_cache, v_cache = kv_cache
-        if meta.num_decodes == qkv.shape[0]:  # decode-only: all of it in one C++ call
+        if meta.num_decodes == qkv.shape[0] and self.window is None:  # decode-only: all of
+            # it in one C++ call (which takes no window)
             return self.kernels.qkv_decode_attention(
                 qkv, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
                 meta.block_tables, meta.seq_lens, self.num_heads, self.scale)
