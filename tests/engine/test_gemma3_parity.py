@@ -9,6 +9,7 @@ from logprob_tolerance import assert_near_fp32, assert_same_top, logprob_toleran
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
+from engine.errors import ModelLoadError
 from engine.loader import gguf_source
 from loadtest.logprob_error import fp32_logprobs
 from tests.engine.test_hf_parity import first_difference
@@ -52,6 +53,24 @@ def hf_gemma():
 def ours(gemma):
     return gemma.generate(PROMPTS, SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
                                                   logprobs=TOP))
+
+
+def test_tokenizer_is_gemmas_bpe_with_bos(gemma):
+    """Whole words as Gemma's SentencePiece BPE keeps them (transformers' GGUF reader's
+    Unigram gives " c" "ap" "it" "al" for " capital"), <bos> first."""
+    ids = gemma.tokenizer.encode("The capital of France is")
+    assert gemma.tokenizer.convert_ids_to_tokens(ids) == [
+        "<bos>", "The", "▁capital", "▁of", "▁France", "▁is"]
+    assert ids == [2, 818, 5279, 529, 7001, 563]
+    text = "<start_of_turn>user\nhi<end_of_turn>"  # control tokens stay whole
+    assert gemma.tokenizer.encode(text)[1:] == [105, 2364, 107, 2202, 106]
+
+
+def test_a_missing_gguf_or_a_package_without_assemble_is_refused():
+    with pytest.raises(ModelLoadError, match="no such GGUF file"):
+        gguf_source("/nonexistent/model.gguf")
+    assert gguf_source("json") is None  # a package, not a model wheel
+    assert gguf_source("default") is None
 
 
 def test_prompts_start_with_bos_and_one_outgrows_the_window(gemma):
