@@ -31,11 +31,18 @@ class AttentionMetadata:
 
 
 class TorchAttention:
-    """Reference paged attention in plain torch; runs anywhere."""
+    """Reference paged attention in plain torch; runs anywhere.
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+    window: each query sees only the last `window` positions up to its own (transformers'
+    sliding window: key position > query position - window); None: the whole context.
+    scale: the scores' factor (head_dim ** -0.5 unless given).
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, *,
+                 window: int | None = None, scale: float | None = None):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.window = window
         self._rows_for: AttentionMetadata | None = None  # the step _rows was built for
         self._rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -104,13 +111,27 @@ class TorchAttention:
             rows = (slots * hkv + torch.arange(hkv, device=device)[None, :, None]).view(-1)
             positions = torch.arange(slots.shape[-1], device=device)
             bias = torch.zeros(nd, 1, 1, slots.shape[-1], dtype=dtype, device=device)
-            bias.masked_fill_((positions[None, :] >= meta.seq_lens[:nd, None])[:, None, None, :],
-                              float("-inf"))
+            seq_lens = meta.seq_lens[:nd, None]
+            hidden = positions[None, :] >= seq_lens
+            if self.window is not None:
+                hidden |= positions[None, :] < seq_lens - self.window
+            bias.masked_fill_(hidden[:, None, None, :], float("-inf"))
             self._rows_for, self._rows = meta, (rows, bias)
         return self._rows
 
     def _causal(self, q, k, v):
-        return self._sdpa(q, k, v, is_causal=True)
+        if self.window is None:
+            return self._sdpa(q, k, v, is_causal=True)
+        return self._sdpa(q, k, v, attn_mask=self._mask(0, q.shape[0], q.device))
+
+    def _mask(self, first_query: int, seq_len: int, device) -> torch.Tensor:
+        """[queries, seq_len] True where query position first_query + i sees key j."""
+        q_pos = torch.arange(first_query, seq_len, device=device)[:, None]
+        k_pos = torch.arange(seq_len, device=device)[None, :]
+        mask = q_pos >= k_pos
+        if self.window is not None:
+            mask &= k_pos > q_pos - self.window
+        return mask
 
     def _sdpa(self, q, k, v, **mask):
         """q [Tq, H, D], k/v [Tk, Hkv, D] -> [Tq, H, D]. Batched 4-D inputs with K/V
@@ -134,9 +155,7 @@ class TorchAttention:
         num_blocks = -(-seq_len // block_size)
         k = self._gather(k_cache, block_table, num_blocks)[:seq_len]
         v = self._gather(v_cache, block_table, num_blocks)[:seq_len]
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        mask = q_pos[:, None] >= torch.arange(seq_len, device=q.device)[None, :]
-        return self._sdpa(q, k, v, attn_mask=mask)
+        return self._sdpa(q, k, v, attn_mask=self._mask(seq_len - q_len, seq_len, q.device))
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:

@@ -9,18 +9,23 @@ import torch
 
 from engine.attention import AttentionMetadata, TorchAttention
 from engine.ops import TorchOps
-from kernels.cpu import ATTENTION_HEAD_DIMS
+from kernels.cpu import ATTENTION_HEAD_DIMS, DECODE_HEAD_DIMS
 
 
 class CpuAttention(TorchAttention):
     """TorchAttention with decode and prefill/extend rows read straight from the paged
     cache in C++ (no gathered or per-head repeated copy of the context; each K/V row read
     once for all query heads of its group; all prefill requests in one call) and new K/V
-    rows stored in one C++ call. Other dtypes and head sizes keep the torch path."""
+    rows stored in one C++ call; with a sliding window, tokens before it are never read.
+    Other dtypes and head sizes keep the torch path."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels):
-        super().__init__(num_heads, num_kv_heads, head_dim)
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels, *,
+                 window: int | None = None, scale: float | None = None):
+        super().__init__(num_heads, num_kv_heads, head_dim, window=window, scale=scale)
         self.kernels = kernels
+
+    def _prefill_in_cpp(self, dtype: torch.dtype) -> bool:
+        return dtype == torch.float32 and self.head_dim in ATTENTION_HEAD_DIMS
 
     def _store(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         if k_cache.dtype != torch.float32:
@@ -28,22 +33,23 @@ class CpuAttention(TorchAttention):
         self.kernels.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def _prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, out) -> None:
-        if q.dtype != torch.float32 or self.head_dim not in ATTENTION_HEAD_DIMS:
+        if not self._prefill_in_cpp(q.dtype):
             return super()._prefill(q, k, v, k_cache, v_cache, meta, out)
         nd = meta.num_decodes
         self.kernels.paged_prefill_attention(out, q, k_cache, v_cache, meta.block_tables[nd:],
                                              meta.query_start_loc[nd:], meta.seq_lens[nd:],
-                                             self.scale)
+                                             self.scale, self.window or 0)
 
     def attend_qkv(self, qkv, positions, cos_sin_cache, kv_cache, meta: AttentionMetadata):
         """qkv [T, (H + 2 Hkv) * D] -> [T, H * D]: rope and the K/V store in one C++ pass
         straight from the fused projection, then attention from the paged cache (no split,
         reshape, copy or rotary call per layer from Python). None for what the C++ paths
         do not cover: the model then splits qkv itself."""
-        if qkv.dtype != torch.float32 or self.head_dim not in ATTENTION_HEAD_DIMS:
+        if not self._prefill_in_cpp(qkv.dtype):
             return None
         k_cache, v_cache = kv_cache
-        if meta.num_decodes == qkv.shape[0]:  # decode-only: all of it in one C++ call
+        if meta.num_decodes == qkv.shape[0] and self.window is None:  # decode-only: all of
+            # it in one C++ call (which takes no window)
             return self.kernels.qkv_decode_attention(
                 qkv, positions, cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
                 meta.block_tables, meta.seq_lens, self.num_heads, self.scale)
@@ -52,11 +58,11 @@ class CpuAttention(TorchAttention):
         return self.attend_stored(q, None, None, kv_cache, meta).view(q.shape[0], -1)
 
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata):
-        if q.dtype != torch.float32 or self.head_dim not in ATTENTION_HEAD_DIMS:
+        if q.dtype != torch.float32 or self.head_dim not in DECODE_HEAD_DIMS:
             return super()._decode(q, k_cache, v_cache, meta)
         out = torch.empty_like(q)
         self.kernels.paged_decode_attention(out, q, k_cache, v_cache, meta.block_tables,
-                                            meta.seq_lens, self.scale)
+                                            meta.seq_lens, self.scale, self.window or 0)
         return out
 
 

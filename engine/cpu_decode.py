@@ -25,9 +25,11 @@ class CpuDecodeStack:
     @classmethod
     def build(cls, model: LlamaModel) -> CpuDecodeStack | None:
         """The stack for `model`, or None where it does not cover it: not the C++ attention
-        (or its head size), Qwen3's q/k norms, or a projection that is not quantized."""
+        (or its head size), a sliding window, Qwen3's q/k norms, or a projection that is not
+        quantized."""
         attention, c = model.attention, model.config
-        if not isinstance(attention, CpuAttention) or c.head_dim not in ATTENTION_HEAD_DIMS:
+        if not isinstance(attention, CpuAttention) or c.head_dim not in ATTENTION_HEAD_DIMS \
+                or c.sliding_window is not None or c.architecture != "llama":
             return None
         if model.norm.dtype != torch.float32 or any(
                 layer.q_norm is not None or not all(

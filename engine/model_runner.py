@@ -21,6 +21,7 @@ from engine.cpu_decode import CpuDecodeStack
 from engine.cuda_graphs import DecodeGraphs
 from engine.linear import Linear
 from engine.loader import LoadedModel
+from engine.models.gemma3 import Gemma3Model
 from engine.models.llama import LlamaModel
 from engine.ops import TorchOps
 from engine.outputs import SampledToken
@@ -39,9 +40,11 @@ class ModelRunner:
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype()
         c = loaded.config
-        attention, ops = self._backends(c)
-        self.model = LlamaModel(c, loaded.weights, attention, ops, max_positions=max_model_len,
-                                make_linear=quant_aware(self._linear_factory(ops)))
+        make_attention, ops = self._backends(c)
+        model_class = Gemma3Model if c.architecture == "gemma3" else LlamaModel
+        self.model = model_class(c, loaded.weights, make_attention, ops,
+                                 max_positions=max_model_len,
+                                 make_linear=quant_aware(self._linear_factory(ops)))
         self.sampler = Sampler(config.seed)
         self.block_size = config.block_size
         # A dummy model may have more vocab rows than the tokenizer: never sample those.
@@ -55,17 +58,21 @@ class ModelRunner:
             else None
 
     def _backends(self, c):
+        """(make_attention(window), ops) for this device and backend."""
+        shape = (c.num_heads, c.num_kv_heads, c.head_dim)
         if self.config.use_triton():
             from engine.triton_backend import TritonAttention, TritonOps
-            return TritonAttention(c.num_heads, c.num_kv_heads, c.head_dim), TritonOps
+            # no window in the Triton kernels: the engine caps the context to it instead
+            return (lambda window: TritonAttention(*shape, scale=c.attention_scale)), TritonOps
         if self.device.type == "cpu" and self.config.attention_backend in ("auto", "cpu"):
             kernels = cpu_kernels.load()
             if kernels is not None:
-                return CpuAttention(c.num_heads, c.num_kv_heads, c.head_dim, kernels), CpuOps(kernels)
+                cpu = functools.partial(CpuAttention, kernels=kernels)
+                return functools.partial(_attention, cpu, shape, c), CpuOps(kernels)
             if self.config.attention_backend == "cpu":
                 raise RuntimeError("attention_backend='cpu': the C++ kernels failed to build "
                                    "(see the warning above; needs a C++ compiler and ninja)")
-        return TorchAttention(c.num_heads, c.num_kv_heads, c.head_dim), TorchOps
+        return functools.partial(_attention, TorchAttention, shape, c), TorchOps
 
     def _linear_factory(self, ops):
         """How projections are built: on CPU in fp32 with cpu_weight_prepack, weights are
@@ -227,6 +234,11 @@ def _pad(step: HostInputs, size: int) -> dict[str, torch.Tensor]:
         host["seq_lens"] = F.pad(host["seq_lens"], (0, pad), value=0)
         host["block_tables"] = F.pad(host["block_tables"], (0, 0, 0, pad))
     return host
+
+
+def _attention(backend, shape: tuple, c, window: int | None):
+    """A backend's attention for layers with `window`, scaled as the model says."""
+    return backend(*shape, window=window, scale=c.attention_scale)
 
 
 def _zeros(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -34,13 +34,14 @@ class TritonAttention:
     """Paged attention with Triton kernels; a drop-in for TorchAttention."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, *,
-                 target_programs: int | None = None):
+                 target_programs: int | None = None, scale: float | None = None):
         """target_programs: decode programs to aim for when splitting contexts
-        (None: PROGRAMS_PER_SM per SM of q's GPU; 1, i.e. never split, elsewhere)."""
+        (None: PROGRAMS_PER_SM per SM of q's GPU; 1, i.e. never split, elsewhere).
+        No sliding window here yet: the engine caps a windowed model's context to it."""
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
         self.target_programs = target_programs
 
     def attend_qkv(self, qkv, positions, cos_sin_cache, kv_cache, meta):

@@ -16,13 +16,19 @@ from loadtest import tiny_models
 
 def describe(config) -> str:
     """What a family's config exercises, in a few words."""
-    parts = [config.model_type, f"rope {config.rope_parameters['rope_type']}",
+    rope = config.rope_parameters
+    rope = rope["rope_type"] if "rope_type" in rope else "default, local and global bases"
+    parts = [config.model_type, f"rope {rope}",
              "tied" if config.tie_word_embeddings else "untied"]
     if config.model_type == "qwen2":
         parts.append("qkv bias")
-    if config.model_type == "qwen3":
+    if config.model_type in ("qwen3", "gemma3_text"):
         parts.append("q/k norm")
-    if getattr(config, "sliding_window", None):
+    if getattr(config, "layer_types", None) and getattr(config, "sliding_window", None):
+        windowed = config.layer_types.count("sliding_attention")
+        parts.append(f"sliding window {config.sliding_window} on {windowed} of "
+                     f"{len(config.layer_types)} layers")
+    elif getattr(config, "sliding_window", None):
         parts.append(f"sliding window {config.sliding_window}")
     return ", ".join(parts)
 

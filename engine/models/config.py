@@ -1,19 +1,22 @@
-"""ModelConfig: the shape of a Llama-family model, from an HF config or a named dummy shape."""
+"""ModelConfig: the shape of a Llama-family or Gemma 3 model, from an HF config or a named
+dummy shape."""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 from engine.models.rope import SUPPORTED_ROPE_TYPES
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Everything the model code needs; Qwen2 sets attention_bias, Qwen3 sets qk_norm."""
+    """Everything the model code needs; Qwen2 sets attention_bias, Qwen3 and Gemma 3 set
+    qk_norm; `architecture` picks the model class (engine.models)."""
 
     vocab_size: int
     hidden_size: int
@@ -32,6 +35,22 @@ class ModelConfig:
     qk_norm: bool = False
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     sliding_window: int | None = None  # some layer attends to only this many last tokens
+    # which layers use the window (transformers' "sliding_attention"); None: all of them
+    sliding_layers: tuple[bool, ...] | None = None
+    architecture: str = "llama"  # or "gemma3"
+    local_rope_theta: float | None = None  # the windowed layers' rope base (Gemma 3)
+    query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power, not head_dim's
+
+    def layer_window(self, layer: int) -> int | None:
+        """The window layer `layer` attends within, None for full attention."""
+        if self.sliding_window is None or (self.sliding_layers is not None
+                                           and not self.sliding_layers[layer]):
+            return None
+        return self.sliding_window
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
 
 def from_hf_config(hf, eos_token_ids: tuple[int, ...]) -> ModelConfig:
@@ -39,6 +58,8 @@ def from_hf_config(hf, eos_token_ids: tuple[int, ...]) -> ModelConfig:
     if hf.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model type {hf.model_type!r}; "
                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if hf.model_type == "gemma3_text":
+        return _gemma3(hf, eos_token_ids)
     theta, scaling = _rope(hf)
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     return ModelConfig(
@@ -51,7 +72,33 @@ def from_hf_config(hf, eos_token_ids: tuple[int, ...]) -> ModelConfig:
         tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
         attention_bias=hf.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
         qk_norm=hf.model_type == "qwen3", eos_token_ids=eos_token_ids,
-        sliding_window=_sliding_window(hf))
+        sliding_window=_sliding_window(hf), sliding_layers=_sliding_layers(hf))
+
+
+def _gemma3(hf, eos_token_ids: tuple[int, ...]) -> ModelConfig:
+    """Gemma 3: full-attention layers take rope_parameters["full_attention"] (theta 1M,
+    maybe scaled), windowed ones ["sliding_attention"] (theta 10k, never scaled here)."""
+    params = hf.rope_parameters
+    theta, scaling = _rope(SimpleNamespace(
+        rope_parameters=params["full_attention"],
+        max_position_embeddings=hf.max_position_embeddings))
+    local_theta, local_scaling = _rope(SimpleNamespace(
+        rope_parameters=params["sliding_attention"],
+        max_position_embeddings=hf.max_position_embeddings))
+    if local_scaling is not None:
+        raise ValueError("unsupported rope scaling on Gemma 3's sliding-window layers")
+    if hf.attn_logit_softcapping or hf.final_logit_softcapping:
+        raise ValueError("unsupported logit soft-capping (Gemma 2's)")
+    return ModelConfig(
+        vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size, num_layers=hf.num_hidden_layers,
+        num_heads=hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads,
+        head_dim=hf.head_dim, rms_norm_eps=hf.rms_norm_eps, rope_theta=theta,
+        rope_scaling=scaling, max_position_embeddings=hf.max_position_embeddings,
+        tie_word_embeddings=True, qk_norm=True, eos_token_ids=eos_token_ids,
+        sliding_window=_sliding_window(hf), sliding_layers=_sliding_layers(hf),
+        architecture="gemma3", local_rope_theta=local_theta,
+        query_pre_attn_scalar=float(hf.query_pre_attn_scalar))
 
 
 def _rope(hf) -> tuple[float, dict | None]:
@@ -89,12 +136,19 @@ def _sliding_window(hf) -> int | None:
     return int(window)
 
 
-def context_len(config: ModelConfig, requested: int | None, limit: int) -> int:
-    """The context to serve: `requested`, else the model's own up to `limit`; never beyond
-    a sliding window, which the attention kernels do not implement, so within it every
-    token sees exactly what transformers lets it see."""
+def _sliding_layers(hf) -> tuple[bool, ...] | None:
+    layer_types = getattr(hf, "layer_types", None)
+    return None if layer_types is None else tuple(t == "sliding_attention" for t in layer_types)
+
+
+def context_len(config: ModelConfig, requested: int | None, limit: int,
+                windows_honoured: bool = True) -> int:
+    """The context to serve: `requested`, else the model's own up to `limit`. Where the
+    attention backend does not honour a sliding window (the Triton kernels), never beyond
+    it, so within it every token sees exactly what transformers lets it see."""
     wanted = requested or min(config.max_position_embeddings, limit)
-    if config.sliding_window is not None and wanted > config.sliding_window:
+    if (not windows_honoured and config.sliding_window is not None
+            and wanted > config.sliding_window):
         log.info("context capped from %d to the model's sliding window of %d tokens",
                  wanted, config.sliding_window)
         return config.sliding_window

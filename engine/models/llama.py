@@ -35,16 +35,19 @@ class LayerWeights:
 class LlamaModel:
     """Forward pass over flattened tokens; returns final hidden states [T, hidden].
 
+    make_attention(window): the attention backend for layers with that sliding window
+    (None: full attention); layers with the same window share one.
     make_linear(weight, bias=None): builds each projection (engine.linear.Linear by
     default). One that repacks the weight gives a tied lm_head its own packed copy of the
     embedding. Weights may be QuantWeights (engine.quant), kept packed: then the tied
     lm_head and the embedding lookup share the one packed table.
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], attention,
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], make_attention,
                  ops=TorchOps, max_positions: int | None = None, make_linear=Linear):
         self.config = config
-        self.attention = attention
+        self.layer_attention = layer_attention(config, make_attention)
+        self.attention = self.layer_attention[0]
         self.ops = ops
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
@@ -61,12 +64,13 @@ class LlamaModel:
         eps = self.config.rms_norm_eps
         hidden = embedding(input_ids, self.embed)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, attention, kv_cache in zip(self.layers, self.layer_attention, kv_caches):
             if residual is None:
                 residual, x = hidden, self.ops.rms_norm(hidden, layer.input_norm, eps)
             else:
                 x, residual = self.ops.rms_norm(hidden, layer.input_norm, eps, residual)
-            hidden = self._attention(layer, x, positions, meta, kv_cache)
+            hidden = self._attention(layer, attention, self.cos_sin_cache, x, positions, meta,
+                                     kv_cache)
             x, residual = self.ops.rms_norm(hidden, layer.post_norm, eps, residual)
             hidden = layer.down(self.ops.silu_and_mul(layer.gate_up(x)))
         out, _ = self.ops.rms_norm(hidden, self.norm, eps, residual)
@@ -76,11 +80,12 @@ class LlamaModel:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""
         return self.lm_head(hidden).float()
 
-    def _attention(self, layer: LayerWeights, x, positions, meta, kv_cache):
+    def _attention(self, layer: LayerWeights, attention, cos_sin_cache, x, positions, meta,
+                   kv_cache):
         c = self.config
         qkv = layer.qkv(x)
         if layer.q_norm is None:
-            out = self.attention.attend_qkv(qkv, positions, self.cos_sin_cache, kv_cache, meta)
+            out = attention.attend_qkv(qkv, positions, cos_sin_cache, kv_cache, meta)
             if out is not None:
                 return layer.o_proj(out)
         q, k, v = qkv.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
@@ -93,9 +98,19 @@ class LlamaModel:
             k = self.ops.rms_norm(k, layer.k_norm, c.rms_norm_eps)
         else:
             q, k = q.contiguous(), k.contiguous()
-        self.ops.rotary(q, k, positions, self.cos_sin_cache)
-        out = self.attention(q, k, v.contiguous(), kv_cache, meta)
+        self.ops.rotary(q, k, positions, cos_sin_cache)
+        out = attention(q, k, v.contiguous(), kv_cache, meta)
         return layer.o_proj(out.reshape(-1, c.num_heads * c.head_dim))
+
+
+def layer_attention(config: ModelConfig, make_attention) -> list:
+    """One attention backend per layer, from make_attention(window); one per window."""
+    by_window = {}
+    for i in range(config.num_layers):
+        window = config.layer_window(i)
+        if window not in by_window:
+            by_window[window] = make_attention(window)
+    return [by_window[config.layer_window(i)] for i in range(config.num_layers)]
 
 
 def _layer_weights(w: dict[str, torch.Tensor], i: int, c: ModelConfig,

@@ -1,5 +1,6 @@
-"""Weights of a llama-architecture GGUF file under Hugging Face names, quantized tensors
-left packed (QuantWeight) where the C++ kernels run their format, others as fp32."""
+"""Weights of a llama- or gemma3-architecture GGUF file under Hugging Face names and
+conventions, quantized tensors left packed (QuantWeight) where the C++ kernels run their
+format, others as fp32."""
 from __future__ import annotations
 
 import re
@@ -17,6 +18,10 @@ _LAYER_NAMES = {
     "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 normalizes around both blocks; its ffn_norm is the one before the MLP
+_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
+                       "post_attention_norm": "post_attention_layernorm",
+                       "post_ffw_norm": "post_feedforward_layernorm"}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "output": "lm_head"}
 
@@ -27,10 +32,11 @@ def read_gguf_weights(path, num_heads: int, num_kv_heads: int) -> dict:
     from gguf.quants import dequantize
 
     reader = GGUFReader(path)
-    permute = _field(reader, "general.architecture") == "llama"
+    architecture = _field(reader, "general.architecture")
+    permute = architecture == "llama"
     weights = {}
     for t in reader.tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, _GEMMA3_LAYER_NAMES if architecture == "gemma3" else _LAYER_NAMES)
         kind = t.tensor_type.name
         if kind in FORMATS:
             value = QuantWeight.from_blocks(np.asarray(t.data), kind, int(t.shape[0]))
@@ -39,15 +45,17 @@ def read_gguf_weights(path, num_heads: int, num_kv_heads: int) -> dict:
         if permute and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = num_heads if ".q_proj" in name else num_kv_heads
             value = _take_rows(value, _unpermute_index(_rows(value), heads))
+        if architecture == "gemma3" and name.endswith("norm.weight"):
+            value = value - 1  # llama.cpp's converter stores Gemma's (1 + w); HF keeps w
         weights[name] = value
     return weights
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, layer_names: dict = _LAYER_NAMES) -> str:
     match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
     if match:
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+        return f"model.layers.{layer}.{layer_names[part]}.{kind}"
     part, kind = gguf_name.rsplit(".", 1)
     return f"{_TOP_NAMES[part]}.{kind}"
 

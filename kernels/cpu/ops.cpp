@@ -169,10 +169,11 @@ const tokenwire::QuantExports* tokenwire::borrowed_quant_exports() {
 }
 
 // out, q [B, H, D]; k/v_cache [num_blocks, block_size, Hkv, D]; block_tables [>=B, W]
-// int32; seq_lens [>=B] int32 (context length including this step's token; 0: zeros).
+// int32; seq_lens [>=B] int32 (context length including this step's token; 0: zeros);
+// window > 0: only the last `window` tokens of each context are read (a sliding window).
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
                             torch::Tensor v_cache, torch::Tensor block_tables,
-                            torch::Tensor seq_lens, double scale) {
+                            torch::Tensor seq_lens, double scale, int64_t window) {
   for (auto* t : {&out, &q, &k_cache, &v_cache}) check_fp32_contiguous(*t, "q/out/cache");
   TORCH_CHECK(q.dim() == 3 && out.sizes() == q.sizes(), "q and out must be [B, H, D]");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
@@ -185,7 +186,9 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == head_dim && num_heads % num_kv_heads == 0,
               "head_dim or head counts do not match the cache");
-  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128, not ", head_dim);
+  TORCH_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256,
+              "head_dim must be 64, 128 or 256, not ", head_dim);
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: none), not ", window);
   TORCH_CHECK(block_tables.size(0) >= batch && seq_lens.size(0) >= batch,
               "fewer block-table rows or seq_lens than queries");
   const int64_t width = block_tables.size(1);
@@ -224,18 +227,22 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
       std::fill(o + heads.begin * head_dim, o + heads.end * head_dim, 0.f);
       return;
     }
-    // Where each context token's K/V row starts: the block table read once per chunk.
+    // Where each attended token's K/V row starts (the block table read once per chunk):
+    // with a window, tokens before it are never read.
     const int32_t* table = tables + b * table_stride;
-    row_offsets.resize(lens[b]);
-    for (int64_t t = 0; t < lens[b]; ++t)
-      row_offsets[t] = (static_cast<int64_t>(table[t / block_size]) * block_size
-                        + t % block_size) * row;
+    const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
+    row_offsets.resize(lens[b] - first);
+    for (int64_t t = first; t < lens[b]; ++t)
+      row_offsets[t - first] = (static_cast<int64_t>(table[t / block_size]) * block_size
+                                + t % block_size) * row;
     const float* qb = qp + b * num_heads * head_dim;
     const float s = static_cast<float>(scale);
     if (head_dim == 64)
       attend_one<64>(o, qb, row_offsets, block_size, kp, vp, num_heads, heads, group, s, scores);
-    else
+    else if (head_dim == 128)
       attend_one<128>(o, qb, row_offsets, block_size, kp, vp, num_heads, heads, group, s, scores);
+    else
+      attend_one<256>(o, qb, row_offsets, block_size, kp, vp, num_heads, heads, group, s, scores);
   });
 }
 
@@ -425,7 +432,7 @@ torch::Tensor qkv_decode_attention(torch::Tensor qkv, torch::Tensor positions,
   const torch::Tensor q = qkv_rope_store(qkv, positions, cos_sin_cache, k_cache, v_cache,
                                          slot_mapping, num_heads);
   torch::Tensor out = torch::empty_like(q);
-  paged_decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, scale);
+  paged_decode_attention(out, q, k_cache, v_cache, block_tables, seq_lens, scale, 0);
   return out.view({q.size(0), -1});
 }
 
@@ -456,8 +463,13 @@ namespace tokenwire { void bind_decode_stack(py::module_& m); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
-  m.def("paged_decode_attention", &paged_decode_attention, no_gil);
-  m.def("paged_prefill_attention", &tokenwire::paged_prefill_attention, no_gil);
+  m.def("paged_decode_attention", &paged_decode_attention, py::arg("out"), py::arg("q"),
+        py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("seq_lens"),
+        py::arg("scale"), py::arg("window") = 0, no_gil);
+  m.def("paged_prefill_attention", &tokenwire::paged_prefill_attention, py::arg("out"),
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
+        py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"),
+        py::arg("window") = 0, no_gil);
   m.def("store_kv", &store_kv, no_gil);
   m.def("rms_norm", &rms_norm, no_gil);
   m.def("rotary", &rotary, no_gil);

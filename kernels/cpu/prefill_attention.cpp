@@ -3,7 +3,8 @@
 //
 //    q rows:  | decode rows (left alone) | seq 0: q_len_0 rows | seq 1: q_len_1 rows | ...
 //    seq b's context: | cached prefix (seq_len - q_len) | new tokens (q_len) |
-//    query i of seq b sits at position seq_len - q_len + i and sees positions <= its own.
+//    query i of seq b sits at position seq_len - q_len + i and sees positions <= its own,
+//    and with a sliding window only the last `window` of them (older ones are never read).
 //
 // Why: torch's fused SDPA needs each sequence's K/V gathered out of the cache and repeated
 // for every query head of a group, one call per sequence and layer: 1.3-1.9x slower than
@@ -42,6 +43,7 @@ struct Item {
 // Per-thread buffers of one work item (rows padded to a multiple of kRowTile).
 struct Scratch {
   std::vector<float> q, out, scores, max, sum;
+  std::vector<char> started;  // a row has met a visible key (its max and sum are set)
   std::vector<const float*> v_rows;
 
   void resize(int64_t rows, int64_t head_dim) {
@@ -51,6 +53,7 @@ struct Scratch {
     scores.resize(padded * kKeys);
     max.assign(rows, 0.f);
     sum.assign(rows, 0.f);
+    started.assign(rows, 0);
     v_rows.resize(kKeys);
   }
 };
@@ -85,12 +88,19 @@ struct Args {
   const int32_t *tables, *starts, *lens;
   int64_t table_stride, block_size, num_heads, num_kv_heads, group, head_dim;
   float scale;
+  int64_t window;  // 0: none
   float* k_tiles = nullptr;  // see transpose_keys
-  std::vector<int64_t> tile_base;  // first key tile of each sequence in k_tiles
+  std::vector<int64_t> tile_base;  // where each sequence's key tiles start in k_tiles
+  std::vector<int64_t> first_tile;  // each sequence's first tile its queries see
+
+  // The first position the query at position `pos` sees.
+  int64_t first_visible(int64_t pos) const {
+    return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+  }
 
   // Key tile t of KV head h of sequence b, transposed: [head_dim][kKeys].
   float* key_tile(int64_t b, int64_t h, int64_t t) const {
-    return k_tiles + ((tile_base[b] + t) * num_kv_heads + h) * head_dim * kKeys;
+    return k_tiles + ((tile_base[b] + t - first_tile[b]) * num_kv_heads + h) * head_dim * kKeys;
   }
 
   // Offset of context token t's K/V row (all KV heads) of sequence b in the cache.
@@ -119,7 +129,7 @@ void attend_item(const Args& a, const Item& it, Scratch& s) {
   }
   const int64_t padded_rows = static_cast<int64_t>(s.q.size()) / D;
   const int64_t last_pos = first_pos + it.count - 1;
-  for (int64_t t0 = 0; t0 <= last_pos; t0 += kKeys) {
+  for (int64_t t0 = a.first_visible(first_pos) / kKeys * kKeys; t0 <= last_pos; t0 += kKeys) {
     const int64_t keys = std::min(kKeys, last_pos + 1 - t0);
     for (int64_t j = 0; j < keys; ++j)
       s.v_rows[j] = a.v_cache + (a.row_offset(it.seq, t0 + j) + it.kv_head) * D;
@@ -127,11 +137,16 @@ void attend_item(const Args& a, const Item& it, Scratch& s) {
     for (int64_t r = 0; r < padded_rows; r += kRowTile)  // scores[r][t] = q[r] . K[t]
       tile<kRowTile>(s.q.data() + r * D, D, kt, nullptr, s.scores.data() + r * kKeys, kKeys,
                      kKeys);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t valid = std::min(keys, first_pos + r / a.group - t0 + 1);  // causal
-      if (valid > 0)
-        update_row<D>(s.out.data() + r * D, s.max[r], s.sum[r], s.scores.data() + r * kKeys,
-                      valid, t0 == 0, s.v_rows.data());
+    for (int64_t r = 0; r < rows; ++r) {  // the tile's keys row r sees: [from, valid)
+      const int64_t pos = first_pos + r / a.group;
+      const int64_t valid = std::min(keys, pos - t0 + 1);  // causal
+      const int64_t from = std::max<int64_t>(0, a.first_visible(pos) - t0);
+      if (valid > from) {
+        update_row<D>(s.out.data() + r * D, s.max[r], s.sum[r],
+                      s.scores.data() + r * kKeys + from, valid - from, !s.started[r],
+                      s.v_rows.data() + from);
+        s.started[r] = 1;
+      }
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -148,10 +163,15 @@ void attend_item(const Args& a, const Item& it, Scratch& s) {
 at::Tensor transpose_keys(Args& a, int64_t batch) {
   std::vector<std::pair<int64_t, int64_t>> tiles;  // (sequence, tile)
   a.tile_base.assign(batch + 1, 0);
+  a.first_tile.assign(batch, 0);
+  std::vector<int64_t> lowest(batch, 0);  // the first position any query of b sees
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t count = a.starts[b + 1] > a.starts[b] ? (a.lens[b] + kKeys - 1) / kKeys : 0;
-    for (int64_t t = 0; t < count; ++t) tiles.emplace_back(b, t);
-    a.tile_base[b + 1] = a.tile_base[b] + count;
+    const int64_t q_len = a.starts[b + 1] - a.starts[b];
+    lowest[b] = a.first_visible(a.lens[b] - q_len);
+    a.first_tile[b] = lowest[b] / kKeys;
+    const int64_t end = q_len > 0 ? (a.lens[b] + kKeys - 1) / kKeys : a.first_tile[b];
+    for (int64_t t = a.first_tile[b]; t < end; ++t) tiles.emplace_back(b, t);
+    a.tile_base[b + 1] = a.tile_base[b] + (end - a.first_tile[b]);
   }
   // Every element is written below: no need to zero it first.
   const int64_t tile_floats = a.num_kv_heads * a.head_dim * kKeys;
@@ -164,7 +184,7 @@ at::Tensor transpose_keys(Args& a, int64_t batch) {
       float* dst = a.key_tile(b, 0, t);  // all heads of the tile: [Hkv][D][kKeys]
       for (int64_t j = 0; j < kKeys; ++j) {
         const int64_t pos = t * kKeys + j;
-        const bool inside = pos < a.lens[b];
+        const bool inside = pos >= lowest[b] && pos < a.lens[b];
         const float* src = inside ? a.k_cache + a.row_offset(b, pos) * a.head_dim : nullptr;
         for (int64_t hd = 0; hd < row; ++hd) dst[hd * kKeys + j] = inside ? src[hd] : 0.f;
       }
@@ -214,14 +234,16 @@ void check_args(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
 
 void paged_prefill_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
                              at::Tensor v_cache, at::Tensor block_tables,
-                             at::Tensor query_start_loc, at::Tensor seq_lens, double scale) {
+                             at::Tensor query_start_loc, at::Tensor seq_lens, double scale,
+                             int64_t window) {
   check_args(out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens);
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: none), not ", window);
   const int64_t num_kv_heads = k_cache.size(2);
   Args args{q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
             out.data_ptr<float>(), block_tables.data_ptr<int32_t>(),
             query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
             block_tables.stride(0), k_cache.size(1), q.size(1), num_kv_heads,
-            q.size(1) / num_kv_heads, q.size(2), static_cast<float>(scale)};
+            q.size(1) / num_kv_heads, q.size(2), static_cast<float>(scale), window};
   const at::Tensor k_tiles = transpose_keys(args, seq_lens.numel());  // held until the end
   // Causal items differ in work by up to the context length over kChunk (the last chunk of
   // a long prompt reads all of it), so threads take the next item as they finish, not a

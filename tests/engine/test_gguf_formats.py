@@ -1,4 +1,4 @@
-"""A GGUF file holding every packed format (a Q4_K_M-style mix: Q4_K q, Q6_K v, Q4_0/Q4_1
+"""A GGUF file holding every packed format (a Q4_K_M-style mix: Q4_K q, Q6_K v, Q4_0/Q4_1/Q5_0
 projections, a Q8_0 embedding) read as stored: each matrix stays a QuantWeight with the
 file's values bit for bit (q/k rows back in Hugging Face's order), nothing dequantized."""
 
@@ -20,6 +20,7 @@ TENSORS = {  # GGUF name -> (format, rows)
     "blk.0.attn_v.weight": ("Q6_K", HIDDEN),
     "blk.0.attn_output.weight": ("Q4_0", HIDDEN),
     "blk.0.ffn_down.weight": ("Q4_1", HIDDEN),
+    "blk.0.ffn_up.weight": ("Q5_0", HIDDEN),
 }
 
 
@@ -48,7 +49,8 @@ def test_every_format_stays_packed_with_the_files_values(gguf_file):
           "blk.0.attn_k.weight": "model.layers.0.self_attn.k_proj.weight",
           "blk.0.attn_v.weight": "model.layers.0.self_attn.v_proj.weight",
           "blk.0.attn_output.weight": "model.layers.0.self_attn.o_proj.weight",
-          "blk.0.ffn_down.weight": "model.layers.0.mlp.down_proj.weight"}
+          "blk.0.ffn_down.weight": "model.layers.0.mlp.down_proj.weight",
+          "blk.0.ffn_up.weight": "model.layers.0.mlp.up_proj.weight"}
     for name, (fmt, rows) in TENSORS.items():
         w = weights[hf[name]]
         assert isinstance(w, QuantWeight) and w.fmt == fmt, name

@@ -1,6 +1,6 @@
 """Reading a model's config: rope types (run exactly as transformers does, or refused at
-load naming the type) and sliding windows (the context is capped to the window wherever
-transformers would apply it)."""
+load naming the type) and sliding windows (applied wherever transformers applies them; the
+context capped to the window only where the attention backend does not honour one)."""
 import json
 import logging
 
@@ -10,8 +10,8 @@ from transformers import AutoConfig, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from engine import LLM
-from engine.errors import ModelLoadError, PromptTooLongError
-from engine.models.config import from_hf_config
+from engine.errors import ModelLoadError
+from engine.models.config import context_len, from_hf_config
 from engine.ops import build_cos_sin_cache
 from loadtest import tiny_models
 
@@ -98,20 +98,23 @@ def _engine(tmp_path, tokenizer, family: str, **config) -> LLM:
     ("qwen2", dict(use_sliding_window=True, sliding_window=256, max_window_layers=2), None),
     ("qwen3", dict(use_sliding_window=True, sliding_window=256, max_window_layers=0), 256),
     ("llama-tied", {}, None)])
-def test_context_is_capped_to_a_sliding_window_transformers_applies(
+def test_a_sliding_window_is_applied_where_transformers_applies_it_and_not_capped(
         family, config, window, tmp_path, tokenizer, caplog):
+    """The CPU attention backends honour the window, so the context is the whole pool and
+    a prompt longer than the window is served."""
     with caplog.at_level(logging.INFO, logger="engine"):
         llm = _engine(tmp_path, tokenizer, family, **config)
-    assert llm.core.max_model_len == (window or POOL_TOKENS)
-    assert ("sliding window" in caplog.text) == (window is not None)
+    c = llm.core.model_config
+    assert {c.layer_window(i) for i in range(c.num_layers)} >= {window}
+    assert llm.core.max_model_len == POOL_TOKENS
+    assert "capped" not in caplog.text
     if window:
-        with pytest.raises(PromptTooLongError):
-            llm.generate([[42] * window])
+        assert len(llm.generate([[42] * (window + 8)])[0].token_ids) > 0
 
 
-def test_a_requested_context_beyond_the_window_is_capped(tmp_path, tokenizer):
+def test_the_context_is_capped_to_a_window_the_backend_does_not_honour(tokenizer):
+    """The Triton kernels take no window: there the context stops at it."""
     hf = tiny_models.hf_config("mistral", len(tokenizer), sliding_window=128)
-    path = tiny_models.build(hf, tmp_path / "mistral", tokenizer)
-    llm = LLM(model=str(path), device="cpu", dtype="float32", attention_backend="torch",
-              num_kv_blocks=64, max_model_len=512)
-    assert llm.core.max_model_len == 128
+    config = from_hf_config(hf, (2,))
+    assert context_len(config, 512, MAX_POS, windows_honoured=False) == 128
+    assert context_len(config, 512, MAX_POS, windows_honoured=True) == 512

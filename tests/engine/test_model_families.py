@@ -1,6 +1,8 @@
 """Every supported model family, tiny and randomly initialised from a transformers config:
 our engine's greedy tokens equal transformers' for 32 steps and the logits behind them agree
-within 1e-4 in fp32, on both CPU attention backends (and the Triton kernels, interpreted)."""
+within 1e-4 in fp32, on both CPU attention backends (and the Triton kernels, interpreted).
+Mistral's and Gemma 3's sliding windows (16 tokens) are shorter than the longest prompt and
+the steps, so attention beyond the window is checked too."""
 import os
 
 import pytest
@@ -71,8 +73,14 @@ def test_families_cover_the_features(family):
     configs = {name: AutoConfig.from_pretrained(family(name)[0])
                for name in tiny_models.FAMILIES}
     types = {c.model_type for c in configs.values()}
-    assert types == {"llama", "mistral", "qwen2", "qwen3"}
-    ropes = {c.rope_parameters["rope_type"] for c in configs.values()}
+    assert types == {"llama", "mistral", "qwen2", "qwen3", "gemma3_text"}
+    ropes = {c.rope_parameters["rope_type"] for c in configs.values()
+             if "rope_type" in c.rope_parameters}  # Gemma 3's: one per layer type
     assert ropes == {"default", "llama3", "linear", "yarn"}
     assert {c.tie_word_embeddings for c in configs.values()} == {True, False}
     assert all(c.head_dim == 64 for c in configs.values())
+    # sliding windows the prompts and steps outgrow, on every layer and on some
+    windowed = {n: c.layer_types if getattr(c, "layer_types", None) else c.sliding_window
+                for n, c in configs.items() if getattr(c, "sliding_window", None)}
+    assert windowed == {"mistral": 16, "gemma3": ["sliding_attention", "full_attention"]}
+    assert configs["gemma3"].sliding_window == 16

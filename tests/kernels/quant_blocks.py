@@ -5,7 +5,7 @@ from gguf.quants import quantize
 
 from engine.quant.layout import FORMATS
 
-LEGACY = ["Q4_0", "Q4_1", "Q8_0"]  # gguf can quantize these; K blocks are made byte by byte
+LEGACY = ["Q4_0", "Q4_1", "Q5_0", "Q8_0"]  # gguf can quantize these; K blocks are made byte by byte
 
 
 def gguf_blocks(rng, fmt: str, out_features: int, in_features: int) -> np.ndarray:

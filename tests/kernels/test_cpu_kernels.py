@@ -25,19 +25,40 @@ def decode_meta(block_tables, seq_lens) -> AttentionMetadata:
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 1)])
 @pytest.mark.parametrize("block_size", [16, 5])
-@pytest.mark.parametrize("head_dim", [64, 128, 32])  # 32: not built, the torch path
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 32])  # 32: not built, the torch path
 def test_decode_attention_matches_reference(gen, kernels, num_heads, num_kv_heads, block_size,
                                             head_dim):
     seq_lens = [1, 37, block_size, 3 * block_size + 1, 200]  # partial and exact last blocks
     k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, block_size, num_kv_heads, head_dim,
                                               torch.float32, "cpu")
-    if head_dim not in cpu_kernels.ATTENTION_HEAD_DIMS:  # not built: the torch path
+    if head_dim not in cpu_kernels.DECODE_HEAD_DIMS:  # not built: the torch path
         k_cache, v_cache, tables = readable_by_torch_backend(k_cache, v_cache, tables)
     q = randn(gen, len(seq_lens), num_heads, head_dim, dtype=torch.float32, device="cpu")
     attention = CpuAttention(num_heads, num_kv_heads, head_dim, kernels)
     out = attention._decode(q, k_cache, v_cache, decode_meta(tables, lens))
     assert_close(out, paged_decode_attention_ref(q, k_cache, v_cache, tables, lens,
                                                  attention.scale))
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("window", [1, 16, 40, 500])
+def test_decode_attention_reads_only_the_window(gen, kernels, window, head_dim):
+    """A sliding window: the torch reference's result (which the family parity holds to
+    transformers'), and tokens before the window are never read: NaN there changes
+    nothing."""
+    seq_lens = [1, 16, 37, 200]
+    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, 16, 1, head_dim, torch.float32,
+                                              "cpu")
+    k_cache, v_cache, tables = readable_by_torch_backend(k_cache, v_cache, tables)
+    q = randn(gen, len(seq_lens), 4, head_dim, dtype=torch.float32, device="cpu")
+    meta = decode_meta(tables, lens)
+    expected = TorchAttention(4, 1, head_dim, window=window)._decode(q, k_cache, v_cache, meta)
+    for b, n in enumerate(seq_lens):  # poison every slot before the window
+        for t in range(max(0, n - window)):
+            block, offset = tables[b, t // 16].item(), t % 16
+            k_cache[block, offset] = v_cache[block, offset] = float("nan")
+    out = CpuAttention(4, 1, head_dim, kernels, window=window)._decode(q, k_cache, v_cache, meta)
+    assert_close(out, expected)
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
@@ -109,7 +130,7 @@ def test_decode_attention_rejects_bad_arguments(gen, kernels):
         bad[0, 1] = bad_id
         with pytest.raises(RuntimeError, match=f"block id {bad_id} of sequence 0 is outside"):
             kernels.paged_decode_attention(out, q, k_cache, v_cache, bad, lens, 1.0)
-    with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
+    with pytest.raises(RuntimeError, match="head_dim must be 64, 128 or 256"):
         kernels.paged_decode_attention(out[..., :32].contiguous(), q[..., :32].contiguous(),
                                        k_cache[..., :32].contiguous(), v_cache[..., :32].contiguous(),
                                        tables, lens, 1.0)

