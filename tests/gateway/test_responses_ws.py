@@ -71,6 +71,8 @@ async def test_second_create_while_running_is_refused_unless_another_lane(base_u
             events += await until_end(conn)
         assert events[-1].error.code == "response_in_progress"
         await until_end(conn)
+        # Refused, not queued: a queued one would run now, and its events (no stream_id)
+        # would fail the lanes' check below.
         # Two lanes run side by side, each event echoing its lane.
         await conn.response.create(input="Say hi.", stream_id="a", **FAST)
         await conn.response.create(input="Say bye.", stream_id="b", **FAST)
