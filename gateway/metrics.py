@@ -58,6 +58,10 @@ class Metrics:
         self.connection_refusals = Counter(P + "connection_refusals", "Connections refused "
                                            "or cut before a request: caps, slow heads, "
                                            "slow bodies", ["reason"], registry=r)
+        self.previous_responses = Counter(
+            P + "responses_previous", "Responses continuing a chain, by where their "
+            "previous response came from: a socket's own last one (socket: its store "
+            "version checked, its record not read) or the store", ["source"], registry=r)
         r.register(_EngineCollector(engine_stats, gpu_sampler))
 
     def observe_delta(self, stream, n: int, now: float) -> None:

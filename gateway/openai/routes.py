@@ -33,7 +33,7 @@ from gateway.openai.template import chat_echo, template_options
 from gateway.params import given
 from gateway.runtime import RUNTIME, Runtime
 from gateway.stream import Stream
-from gateway.tools.plan import ToolPlan, for_model
+from gateway.tools.plan import ToolPlan, for_request
 from scheduler.models import ModelSlot
 from scheduler.registry import ModelBusy, ModelUnavailable
 
@@ -150,20 +150,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 def _tool_plan(rt: Runtime, req: ChatRequest) -> ToolPlan | None:
-    for i, tool in enumerate(req.tools or ()):
-        if tool.type != "function":
-            raise bad_request(f"tools[{i}].type: only function tools are supported",
-                              f"tools[{i}].type")
+    tools = [(t.type, t.function) for t in req.tools or ()]
+    fmt = "response_format" if given(req.response_format) else None
     try:
-        tools = for_model(rt.config, rt.model, [t.function for t in req.tools or ()],
-                          req.tool_choice, req.parallel_tool_calls)
+        return for_request(rt.config, rt.model, tools, req.tool_choice,
+                           req.parallel_tool_calls, fmt)
     except RequestError as exc:
         raise refused(exc) from None
-    if tools is not None and tools.choice != "auto" and given(req.response_format):
-        raise bad_request("tool_choice: a required or named tool call cannot be combined "
-                          "with response_format (both constrain the whole answer)",
-                          "tool_choice")
-    return tools
 
 
 def _messages(req: ChatRequest, with_tools: bool, max_messages: int) -> list[dict]:

@@ -10,9 +10,13 @@
 One response runs per lane at a time: without `stream_id` the socket is one lane, and a
 second create while one runs gets `error` (code response_in_progress). `generate: false`
 prefills the chain's prompt (its KV stays in the prefix cache) and answers
-response.created, response.in_progress, response.completed with no output. A chain's
-previous response is found in the store (so chains survive reconnects, restarts and
-replicas) or, for one created with `store: false`, in this socket's memory.
+response.created, response.in_progress, response.completed with no output.
+
+A chain's previous response is found in the store (so chains survive reconnects, restarts
+and replicas), except this socket's last response, which the socket keeps (one, dropped
+with the socket): one created with `store: false` lives only there; a stored one is used
+while the store still holds its version (a version read instead of the record's, so a
+response deleted or expired in the store is gone here too).
 """
 from __future__ import annotations
 
@@ -63,7 +67,7 @@ class ResponsesProtocol:
         self.core = core
         self.rt = core.rt
         self.owner = core.session.owner
-        self.local: dict[str, stored.Stored] = {}  # the last response kept unstored
+        self.local: dict[str, stored.Stored] = {}  # the socket's last response (one)
 
     # -- WireProtocol ------------------------------------------------------------------------
     def encode(self, frame: dict) -> str:

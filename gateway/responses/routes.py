@@ -98,8 +98,9 @@ async def _run(request, rt: Runtime, admission, prepared, stream: Stream):
 async def _detached(request: web.Request, rt: Runtime, prepared) -> web.StreamResponse:
     """Store the response as in_progress, start its run, answer without waiting for it."""
     shape = prepared.shape
-    problem = await stored.save(rt, shape.id, prepared.owner, prepared.turn.history,
-                                shape.body(), prepared.turn.input_items)
+    problem = await stored.save(rt, stored.Stored.of(
+        shape.id, prepared.owner, prepared.turn.history, shape.body(),
+        prepared.turn.input_items))
     if problem is not None:
         raise error_response(web.HTTPServiceUnavailable, problem, "store_unavailable",
                              err_type="server_error", headers={"Retry-After": "1"})

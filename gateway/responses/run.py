@@ -1,8 +1,8 @@
 """A response from its request to its stored end, whatever carries it (HTTP, SSE, socket).
 
-    prepare():  refusals, input items, the previous response's history (the store, or a
-                socket's unstored last response), the turn, its prompt fitted to the
-                context, what the engine would refuse: all before admission
+    prepare():  refusals, input items, the previous response's history (the store, or
+                a socket's own last response: see _previous()), the turn, its prompt
+                fitted to the context, what the engine would refuse: all before admission
     generate(): the engine's outputs, folded into the response's Stream
     finish():   the status from how it ended, the reply joined to the history, the
                 response stored (store: true) before its last event is sent
@@ -52,13 +52,12 @@ async def prepare(rt: Runtime, req: CreateRequest, owner: str | None, *,
                   generate: bool = True, stream_id: str | None = None,
                   local: dict[str, stored.Stored] | None = None) -> Prepared:
     """Everything before admission; a RequestError names what is refused. `local` holds
-    a socket's responses that were not stored (store: false), as chains may use them."""
+    a socket's last response (finish() keeps it), as its chain goes on from it."""
     check(req)
     items = decode_items(req.input)
     previous = None
     if req.previous_response_id is not None:
-        found = (local or {}).get(req.previous_response_id) or \
-            await stored.load(rt, req.previous_response_id, owner)
+        found = await _previous(rt, req.previous_response_id, owner, local)
         if found is None:
             raise stored.not_found(req.previous_response_id, "previous_response_not_found",
                                    "previous_response_id")
@@ -76,6 +75,23 @@ async def prepare(rt: Runtime, req: CreateRequest, owner: str | None, *,
     shape = ResponseShape(req, rt.model.name, turn.params.max_tokens, stream_id, tools)
     shape.generate = generate
     return Prepared(shape, turn, prompt, owner, generate)
+
+
+async def _previous(rt: Runtime, response_id: str, owner: str | None,
+                    local: dict[str, stored.Stored] | None) -> stored.Stored | None:
+    """The previous response: a socket's own last one from its memory (if stored, while
+    the store still holds that version: see stored.kept_or_load), any other from the
+    store (so chains survive reconnects, restarts and replicas)."""
+    kept = (local or {}).get(response_id)
+    if kept is None:
+        found = await stored.load(rt, response_id, owner)
+    elif kept.in_store:
+        found = await stored.kept_or_load(rt, kept)
+    else:
+        found = kept  # store: false: the socket's copy is the only one
+    if found is not None:
+        rt.metrics.previous_responses.labels("socket" if found is kept else "store").inc()
+    return found
 
 
 async def _render(rt: Runtime, turn: Turn, fit: bool) -> list[int]:
@@ -133,19 +149,17 @@ async def finish(rt: Runtime, prepared: Prepared, stream: Stream,
     obj = shape.final(stream)  # every call read
     if prepared.generate and stream.text and shape.status in ("completed", "incomplete"):
         history.append(_reply(shape, stream))
-    if not prepared.store:
-        if local is not None:  # the socket's last unstored response, for its chain
-            local.clear()
-            local[shape.id] = stored.Stored.of(shape.id, prepared.owner, history, obj,
-                                               prepared.turn.input_items)
-        return
-    problem = await stored.save(rt, shape.id, prepared.owner, history, obj,
-                                prepared.turn.input_items, prepared.version)
+    response = stored.Stored.of(shape.id, prepared.owner, history, obj,
+                                prepared.turn.input_items)
+    problem = await stored.save(rt, response, prepared.version) if prepared.store else None
     if problem is not None:
         log.warning("response %s not stored: %s", shape.id, problem)
         shape.status, shape.completed_at = "failed", None
         shape.error = {"code": "server_error",
                        "message": f"the response could not be stored: {problem}"}
+    elif local is not None:  # a socket keeps its last response (one), for its chain
+        local.clear()
+        local[shape.id] = response
 
 
 def _reply(shape: ResponseShape, stream: Stream) -> dict:

@@ -27,16 +27,18 @@ MAX_ID_CHARS = 64
 
 
 class Stored:
-    """One stored response as loaded: its record (for the version), object, items."""
+    """One response as loaded or saved: its record (for the version), object, items.
+    `in_store`: False for one never stored (store: false), which a socket keeps itself."""
 
-    def __init__(self, record: SessionRecord):
+    def __init__(self, record: SessionRecord, in_store: bool = True):
         self.record = record
+        self.in_store = in_store
 
     @classmethod
     def of(cls, response_id: str, owner: str | None, history: list[dict], obj: dict,
            input_items: list[dict]) -> Stored:
         return cls(SessionRecord(response_id, owner, None, {}, history, time.time(), 0,
-                                 {"object": obj, "input_items": input_items}))
+                                 {"object": obj, "input_items": input_items}), False)
 
     @property
     def object(self) -> dict:
@@ -65,15 +67,33 @@ async def load(rt: Runtime, response_id: str, owner: str | None) -> Stored | Non
     return Stored(record)
 
 
-async def save(rt: Runtime, response_id: str, owner: str | None, history: list[dict],
-               obj: dict, input_items: list[dict], version: int = 0) -> str | None:
-    """Store (or update) a response; returns why it could not be, None once stored."""
-    record = Stored.of(response_id, owner, history, obj, input_items).record
-    record.version = version
+async def kept_or_load(rt: Runtime, kept: Stored) -> Stored | None:
+    """`kept`, the response a socket saved last, while the store still holds that very
+    version: one version read, not the record (a long chain's history is megabytes to
+    read and decode on every turn). Deleted or expired since, it is gone here too (a
+    socket's copy never brings back what DELETE or the TTL removed); changed since, the
+    store's is read."""
+    response_id = kept.record.session_id
     try:
-        await rt.sessions.store.save(record)
+        version = await rt.sessions.store.version(response_id)
+    except SessionStoreUnavailableError as exc:
+        raise unavailable(exc) from None
+    if version is None:
+        return None
+    if version == kept.record.version:
+        return kept
+    return await load(rt, response_id, kept.record.owner)
+
+
+async def save(rt: Runtime, response: Stored, version: int = 0) -> str | None:
+    """Store (or update, from `version`) a response; returns why it could not be, None
+    once stored (`response` then holds the stored version)."""
+    response.record.version = version
+    try:
+        await rt.sessions.store.save(response.record)
     except (SessionTooLargeError, SessionStoreUnavailableError, SessionConflictError) as exc:
         return str(exc)
+    response.in_store = True
     return None
 
 

@@ -7,32 +7,23 @@ from gateway.errors import RequestError
 from gateway.responses.request import CreateRequest, invalid
 from gateway.runtime import Runtime
 from gateway.tools.parser import ToolCall
-from gateway.tools.plan import FunctionDef, ToolPlan, for_model
+from gateway.tools.plan import FunctionDef, ToolPlan, for_request
 
 
 def tool_plan(rt: Runtime, req: CreateRequest) -> ToolPlan | None:
     """The plan for `req`'s tools (None: no tools shown); a 400 names the field."""
-    functions = []
-    for i, tool in enumerate(req.tools or ()):
-        if tool.type != "function":
-            raise invalid(f"tools[{i}].type: only function tools are supported, not "
-                          f"{tool.type[:32]!r}", f"tools[{i}].type")
-        functions.append(FunctionDef(tool.name, tool.description, tool.parameters,
-                                     tool.strict))
+    tools = [(t.type, FunctionDef(t.name, t.description, t.parameters, t.strict))
+             for t in req.tools or ()]
     choice = req.tool_choice
     if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
         choice = {"type": "function", "function": {"name": choice["name"]}}
+    text_format = req.text.format if req.text is not None else None
+    fmt = "text.format" if text_format is not None and text_format.type != "text" else None
     try:
-        plan = for_model(rt.config, rt.model, functions, choice, req.parallel_tool_calls)
-    except RequestError as exc:
+        return for_request(rt.config, rt.model, tools, choice, req.parallel_tool_calls, fmt)
+    except RequestError as exc:  # chat completions' field names, flattened
         raise invalid(exc.message.replace(".function.", "."),
                       (exc.param or "tools").replace(".function.", ".")) from None
-    text_format = req.text.format if req.text is not None else None
-    if plan is not None and plan.choice != "auto" and text_format is not None \
-            and text_format.type != "text":
-        raise invalid("tool_choice: a required or named tool call cannot be combined with "
-                      "text.format (both constrain the whole answer)", "tool_choice")
-    return plan
 
 
 def call_item(call: ToolCall, item_id: str, status: str = "completed") -> dict:

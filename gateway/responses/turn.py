@@ -60,6 +60,7 @@ def build_turn(config: GatewayConfig, req: CreateRequest, items: list[Item],
     """The turn for `req` whose input is `items`, after the `previous` history (None:
     a chain's first response). Raises a 400 naming the field at fault."""
     history = list(previous or []) + to_messages(items)
+    _check_outputs(items, history)
     if not history:
         raise invalid("input: must not be empty", "input")
     history = history[-config.max_conversation_items:]  # a chain's oldest turns go first
@@ -68,6 +69,18 @@ def build_turn(config: GatewayConfig, req: CreateRequest, items: list[Item],
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     return Turn(system + history, history, [item_body(item) for item in items],
                 sampling(config, req))
+
+
+def _check_outputs(items: list[Item], history: list[dict]) -> None:
+    """Every function_call_output answers a function_call of the chain (the previous
+    response's history or this input): one that answers none is a client's mistake
+    (a wrong or stale call_id), refused by name rather than shown to the model."""
+    calls = {call.get("id") for message in history for call in message.get("tool_calls", ())}
+    for i, item in enumerate(items):
+        if isinstance(item, FunctionCallOutputItem) and item.call_id not in calls:
+            raise invalid(f"input[{i}].call_id: no function_call with call_id "
+                          f"{item.call_id[:64]!r} in this input or the previous "
+                          "response's chain", f"input[{i}].call_id")
 
 
 def sampling(config: GatewayConfig, req: CreateRequest) -> SamplingParams:

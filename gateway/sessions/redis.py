@@ -143,6 +143,13 @@ class RedisSessionStore:
             raise SessionConflictError(record.session_id, record.version, int(version))
         record.updated_at, record.version = now, int(version)
 
+    async def version(self, session_id: str) -> int | None:
+        version, updated_at = await self._call(self._redis.hmget(
+            self._session_prefix + session_id, "version", "updated_at"))
+        if version is None or float(updated_at) < self._clock() - self.config.ttl_s:
+            return None
+        return int(version)
+
     async def delete(self, session_id: str) -> None:
         await self._call(self._delete_script(keys=self._keys,
                                              args=[*self._prefixes, session_id]))

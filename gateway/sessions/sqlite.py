@@ -129,6 +129,9 @@ class SqliteSessionStore:
         record.updated_at = await self._run(self._save_sync, row)
         record.version += 1
 
+    async def version(self, session_id: str) -> int | None:
+        return await self._run(self._version_sync, session_id)
+
     async def delete(self, session_id: str) -> None:
         await self._run(self._delete_sync, session_id)
 
@@ -256,6 +259,13 @@ class SqliteSessionStore:
             self.config.max_sessions
         if excess > 0:
             conn.execute(_EVICT_ANY, (session_id, excess))
+
+    def _version_sync(self, session_id: str) -> int | None:
+        row = self._connection().execute("SELECT updated_at, version FROM sessions "
+                                         "WHERE session_id = ?", (session_id,)).fetchone()
+        if row is None or row[0] < self._clock() - self.config.ttl_s:
+            return None
+        return row[1]
 
     def _delete_sync(self, session_id: str) -> None:
         self._connection().execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))

@@ -112,6 +112,11 @@ class SessionStore(Protocol):
 
     async def save(self, record: SessionRecord) -> None: ...
 
+    async def version(self, session_id: str) -> int | None:
+        """The stored version of a live record (None: absent or expired), without reading
+        its body: whether a copy saved earlier (at that version) is still the record."""
+        ...
+
     async def delete(self, session_id: str) -> None: ...
 
     async def close(self) -> None: ...
@@ -276,6 +281,12 @@ class MemorySessionStore:
             self._forget(next(iter(self._owned[owner])))
         while len(self._rows) > self.config.max_sessions:
             self._forget(next(iter(self._rows)))
+
+    async def version(self, session_id: str) -> int | None:
+        row = self._rows.get(session_id)
+        if row is None or row.updated_at < self._clock() - self.config.ttl_s:
+            return None
+        return row.version
 
     async def delete(self, session_id: str) -> None:
         self._forget(session_id)

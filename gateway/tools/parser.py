@@ -58,86 +58,138 @@ class _ObjectEnd:
         return None
 
 
+class _Call:
+    """A call being read: its text from the start marker on, kept as the deltas came (joined
+    once, when the call is decided), and where its object begins and ends. Each delta is
+    looked at once, so a call held across many deltas (a long object, or long whitespace
+    before its object or closing tag) costs time linear in its length."""
+
+    def __init__(self, fmt: ToolFormat):
+        self.fmt = fmt
+        self.chunks: list[str] = []
+        self.size = 0
+        # Llama's start is the object's own first bytes; Hermes' tag comes before it.
+        self.object_at = -1 if fmt.end else 0
+        self.object_end = -1
+        self.closing_at = -1  # where the closing tag begins, past the object's whitespace
+        self.closing_seen = 0  # how much of the closing tag has arrived
+        self.scanner = _ObjectEnd()
+
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+    def feed(self, text: str) -> int | None:
+        """How much of the held text the call decides on (all of it through its closing
+        tag, through its object, or only the start marker when no object follows), or
+        None while it is still arriving."""
+        base, at = self.size, 0  # the held text's length before `text`; where work resumes
+        self.chunks.append(text)
+        self.size += len(text)
+        if self.object_at < 0:
+            at = max(0, len(self.fmt.start) - base)  # past the start marker
+            body = text[at:].lstrip()
+            if not body:
+                return None
+            if body[0] != "{":
+                return len(self.fmt.start)  # not a call: the marker is text
+            at = len(text) - len(body)
+            self.object_at = base + at
+        if self.object_end < 0:
+            end = self.scanner.feed(text[at:])
+            if end is None:
+                return None
+            self.object_end = self.object_at + end
+            at = self.object_end - base
+        if not self.fmt.end:
+            return self.object_end
+        return self._closing(text[at:], base + at)
+
+    def _closing(self, text: str, base: int) -> int | None:
+        """After the object: whitespace, then the closing tag (held while it may be
+        arriving). Anything else: the call stands through its object, the rest is text."""
+        tag = self.fmt.end
+        if self.closing_at < 0:
+            body = text.lstrip()
+            if not body:
+                return None
+            self.closing_at = base + len(text) - len(body)
+            text = body
+        wanted = tag[self.closing_seen:]
+        piece = text[:len(wanted)]
+        if not wanted.startswith(piece):
+            return self.object_end
+        self.closing_seen += len(piece)
+        return self.closing_at + len(tag) if self.closing_seen == len(tag) else None
+
+
 class CallParser:
     """One choice's text -> (content, calls), incrementally."""
 
     def __init__(self, fmt: ToolFormat, names: frozenset[str]):
         self._fmt, self._names = fmt, names
-        self._pending = ""  # held text: a possible call start, or a call being read
-        self._scanner: _ObjectEnd | None = None  # set while a call is being read
+        self._pending = ""  # outside a call: a tail that may begin one
+        self._call: _Call | None = None  # set while a call is being read
         self.calls: list[ToolCall] = []
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
-        self._pending += text
         content: list[str] = []
         calls: list[ToolCall] = []
-        while self._scanner is not None or self._find_start(content):
-            decided = self._read_call()
+        while text:
+            if self._call is None:
+                text = self._find_start(text, content)
+                if not text:
+                    break
+                self._call = _Call(self._fmt)
+            decided = self._call.feed(text)
             if decided is None:
                 break
-            consumed, call = decided
-            if call is None:
-                content.append(self._pending[:consumed])
-            else:
-                calls.append(call)
-            self._pending, self._scanner = self._pending[consumed:], None
+            text = self._decide(decided, content, calls)
         self.calls += calls
         return "".join(content), calls
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """The end of the text: a call whose object is complete stands (its closing tag
         may be cut by a stop); anything else still held is content."""
-        calls = []
-        if self._scanner is not None and self._object_end >= 0:
-            call = self._parse(self._pending[self._object_at:self._object_end])
+        calls, rest, held = [], self._pending, self._call
+        if held is not None:
+            rest = held.text()
+            call = self._object(held, rest)
             if call is not None:
-                calls, self._pending = [call], self._pending[self._object_end:].strip()
-        rest, self._pending, self._scanner = self._pending, "", None
+                calls, rest = [call], rest[held.object_end:].strip()
+        self._pending, self._call = "", None
         self.calls += calls
         return rest, calls
 
-    def _find_start(self, content: list[str]) -> bool:
+    def _find_start(self, text: str, content: list[str]) -> str:
+        """The text from the next call's start marker on ("" when none: content passes on,
+        but for a tail that may begin a marker)."""
+        text, self._pending = self._pending + text, ""
         start = self._fmt.start
-        at = self._pending.find(start)
+        at = text.find(start)
         if at < 0:
-            keep = len(self._pending) - _partial_suffix(self._pending, start)
-            content.append(self._pending[:keep])
-            self._pending = self._pending[keep:]
-            return False
-        content.append(self._pending[:at])
-        self._pending = self._pending[at:]
-        self._scanner, self._scanned, self._object_end = _ObjectEnd(), 0, -1
-        # Llama's start is the object's own first bytes; Hermes' tag comes before it.
-        self._object_at = -1 if self._fmt.end else 0
-        return True
+            keep = len(text) - _partial_suffix(text, start)
+            content.append(text[:keep])
+            self._pending = text[keep:]
+            return ""
+        content.append(text[:at])
+        return text[at:]
 
-    def _read_call(self) -> tuple[int, ToolCall | None] | None:
-        """(characters consumed, the call or None: they are text) once decided; None
-        while the call is still arriving."""
-        fmt, pending = self._fmt, self._pending
-        if self._object_at < 0:
-            stripped = pending[len(fmt.start):].lstrip()
-            if not stripped:
-                return None
-            if stripped[0] != "{":
-                return len(fmt.start), None  # not a call: the tag is text
-            self._object_at = self._scanned = len(pending) - len(stripped)
-        if self._object_end < 0:
-            end = self._scanner.feed(pending[self._scanned:])
-            self._scanned = len(pending)
-            if end is None:
-                return None
-            self._object_end = self._object_at + end
-        end = self._object_end
-        call = self._parse(pending[self._object_at:end])
-        tail = pending[end:].lstrip()
-        if not fmt.end:
-            return end, call
-        if len(tail) < len(fmt.end) and fmt.end.startswith(tail):
-            return None  # the closing tag may be arriving
-        if tail.startswith(fmt.end):
-            return len(pending) - len(tail) + len(fmt.end), call
-        return end, call  # no closing tag: the call stands, what follows is text
+    def _decide(self, consumed: int, content: list[str], calls: list[ToolCall]) -> str:
+        """The decided call (or its text as content); returns the held text after it."""
+        held, self._call = self._call, None
+        text = held.text()
+        call = self._object(held, text)
+        if call is None:
+            content.append(text[:consumed])
+        else:
+            calls.append(call)
+        return text[consumed:]
+
+    def _object(self, held: _Call, text: str) -> ToolCall | None:
+        """The call its complete object names, if it is one."""
+        if held.object_end < 0:
+            return None
+        return self._parse(text[held.object_at:held.object_end])
 
     def _parse(self, text: str) -> ToolCall | None:
         try:
@@ -150,7 +202,6 @@ class CallParser:
         if not isinstance(arguments, dict):
             return None
         return ToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
-
 
 def _partial_suffix(text: str, marker: str) -> int:
     """The length of the longest tail of `text` that begins `marker` (held: it may be

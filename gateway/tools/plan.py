@@ -108,6 +108,24 @@ def for_model(config, model, functions: list[FunctionDef] | None, choice,
                 limits=limits)
 
 
+def for_request(config, model, tools: list[tuple[str, FunctionDef]], choice,
+                parallel: bool | None, format_field: str | None) -> ToolPlan | None:
+    """`for_model` after the checks every API makes of a request's tools: `tools` as
+    (type, function) pairs, each a function; `format_field` names the request's own
+    response format (its API's spelling) when it sets one, which a required or named
+    call cannot be combined with. Raises RequestError naming the field as chat
+    completions spells it (tools[i].function.name); each API maps it to its own."""
+    for i, (kind, _) in enumerate(tools):
+        if kind != "function":
+            raise _error(f"tools[{i}].type", "only function tools are supported, not "
+                         f"{kind[:32]!r}")
+    tool_plan = for_model(config, model, [f for _, f in tools], choice, parallel)
+    if tool_plan is not None and tool_plan.choice != "auto" and format_field is not None:
+        raise _error("tool_choice", "a required or named tool call cannot be combined "
+                     f"with {format_field} (both constrain the whole answer)")
+    return tool_plan
+
+
 def _check_choice(choice, functions: list[FunctionDef] | None) -> None:
     if choice in ("none", "auto", "required"):
         if choice == "required" and not functions:

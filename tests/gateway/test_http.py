@@ -20,7 +20,7 @@ METRICS = {  # docs/http-api.md's list: name (without prefix) -> Prometheus type
     "websocket_connections_active": "gauge", "sessions_active": "gauge",
     "prompt_tokens": "counter", "generation_tokens": "counter",
     "prefix_cache_queries": "counter", "prefix_cache_hits": "counter", "preemptions": "counter",
-    "admission_rejections": "counter", "requests": "counter",
+    "admission_rejections": "counter", "requests": "counter", "responses_previous": "counter",
 }
 
 

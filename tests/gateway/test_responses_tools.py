@@ -98,3 +98,28 @@ async def test_bad_tools_are_a_400_naming_the_field(client, extra, param):
     with pytest.raises(openai.BadRequestError) as info:
         await client.responses.create(**body)
     assert info.value.body["param"] == param
+
+
+async def test_an_output_that_answers_no_call_is_refused_by_its_call_id(client, base_url):
+    """A function_call_output must answer a function_call of the chain: a stale or wrong
+    call_id is a 400 (an `error` event on a socket) naming it, never shown to the model."""
+    first = await client.responses.create(input="Weather in Oslo for 2 days?", tools=TOOLS,
+                                          tool_choice=FORCED, **FAST)
+    call_id = _calls(first.output)[0].call_id
+    stale = [{"type": "function_call_output", "call_id": "call_stale", "output": "{}"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.responses.create(input=stale, previous_response_id=first.id,
+                                      tools=TOOLS, **FAST)
+    assert info.value.body["param"] == "input[0].call_id"
+    assert "'call_stale'" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError):  # the right id, but no chain to answer
+        await client.responses.create(input=[{**stale[0], "call_id": call_id}],
+                                      tools=TOOLS, **FAST)
+    async with connect(base_url) as conn:
+        await conn.response.create(input=stale, previous_response_id=first.id, tools=TOOLS,
+                                   **FAST)
+        error = (await until_end(conn))[-1]
+        assert error.type == "error" and error.error.param == "input[0].call_id"
+        await conn.response.create(input=[{**stale[0], "call_id": call_id}],
+                                   previous_response_id=first.id, tools=TOOLS, **FAST)
+        assert (await until_end(conn))[-1].type == "response.completed"

@@ -60,8 +60,23 @@ def test_chain_history_is_bounded_and_never_starts_with_a_tool_output():
      "text.format.name"),
     ({"input": "x", "top_p": 2}, "top_p"),
     ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
+    ({"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c2", "output": "x"}]},
+     "input[1].call_id"),
 ])
 def test_refusals_name_the_field(body, param):
     with pytest.raises(RequestError) as refused:
         turn(body)
     assert refused.value.param == param
+
+
+def test_a_function_call_output_answers_a_call_of_the_chain():
+    previous = [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "f", "arguments": "{}"}}]}]
+    answer = {"type": "function_call_output", "call_id": "c1", "output": "out"}
+    assert turn({"input": [answer]}, previous).history[-1]["tool_call_id"] == "c1"
+    with pytest.raises(RequestError) as refused:
+        turn({"input": [answer]})  # the same output with no chain: it answers nothing
+    assert refused.value.param == "input[0].call_id" and "'c1'" in refused.value.message

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 
 import aiohttp
 from openai import AsyncOpenAI
@@ -70,6 +71,8 @@ async def test_second_create_while_running_is_refused_unless_another_lane(base_u
             events += await until_end(conn)
         assert events[-1].error.code == "response_in_progress"
         await until_end(conn)
+        # Refused, not queued: a queued one would run now, and its events (no stream_id)
+        # would fail the lanes' check below.
         # Two lanes run side by side, each event echoing its lane.
         await conn.response.create(input="Say hi.", stream_id="a", **FAST)
         await conn.response.create(input="Say bye.", stream_id="b", **FAST)
@@ -127,6 +130,49 @@ async def test_store_false_chains_on_its_own_socket_only(base_url):
         await conn.response.create(input="Hi.", previous_response_id=second.response.id,
                                    **FAST)
         assert (await recv(conn)).error.code == "previous_response_not_found"
+
+
+async def previous_sources(base_url: str) -> dict[str, float]:
+    """tokenwire_responses_previous_total by source, from /metrics."""
+    async with aiohttp.ClientSession() as http, http.get(base_url + "/metrics") as r:
+        text = await r.text()
+    found = re.findall(r'^tokenwire_responses_previous_total\{source="(\w+)"\} (\S+)$', text,
+                       re.M)
+    return {"socket": 0.0, "store": 0.0, **{k: float(v) for k, v in found}}
+
+
+async def test_a_socket_continues_from_its_last_response_without_reading_the_store(
+        base_url):
+    before = await previous_sources(base_url)
+    async with connect(base_url) as conn:
+        await conn.response.create(input="My name is Ada.", **FAST)
+        first = (await until_end(conn))[-1].response
+        await conn.response.create(input="What is my name?", previous_response_id=first.id,
+                                   **FAST)
+        second = (await until_end(conn))[-1]
+        assert second.type != "error", second
+        assert second.response.usage.input_tokens > first.usage.input_tokens
+        kept = await previous_sources(base_url)
+        assert (kept["socket"] - before["socket"], kept["store"] - before["store"]) == (1, 0)
+        # An older response of the chain is not the socket's last: the store has it.
+        await conn.response.create(input="Again?", previous_response_id=first.id, **FAST)
+        assert (await until_end(conn))[-1].type != "error"
+        read = await previous_sources(base_url)
+        assert (read["socket"] - kept["socket"], read["store"] - kept["store"]) == (0, 1)
+
+
+async def test_a_deleted_response_is_gone_from_its_socket_too(base_url):
+    """The socket's copy of its last response never outlives the stored one: deleted
+    (over HTTP, or on another replica), a chain cannot continue from it."""
+    client = AsyncOpenAI(base_url=base_url + "/v1", api_key="unused")
+    async with connect(base_url) as conn:
+        await conn.response.create(input="My name is Ada.", **FAST)
+        first = (await until_end(conn))[-1].response
+        await client.responses.delete(first.id)
+        await conn.response.create(input="What is my name?", previous_response_id=first.id,
+                                   **FAST)
+        error = (await until_end(conn))[-1]
+        assert error.type == "error" and error.error.code == "previous_response_not_found"
 
 
 async def test_plain_get_is_told_to_upgrade_or_post(base_url):

@@ -3,6 +3,7 @@ deltas, keeps what is not a call as content, and reads each character once."""
 from __future__ import annotations
 
 import json
+import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -47,7 +48,8 @@ def test_llama_json_call_whatever_the_cuts(cuts):
 def test_what_is_not_a_call_stays_content():
     for text in ("a <tool_call> not json", "<tool_call>\n{\"name\": \"other\", "
                  "\"arguments\": {}}\n</tool_call>", "cut <tool_call>\n{\"name\": \"add\"",
-                 "held <tool_ca", "<tool_call>\n[1, 2]\n</tool_call>"):
+                 "held <tool_ca", "<tool_call>\n[1, 2]\n</tool_call>", "<tool_call>  x",
+                 "<tool_call><tool_call> {\"name\": \"other\"} </tool_cal"):
         content, calls = _read(HERMES, text, [3, 9])
         assert (content, calls) == (text, []), text
 
@@ -71,6 +73,33 @@ def test_a_long_call_is_read_in_linear_time(monkeypatch):
         calls += parser.feed(ch)[1]
     assert [c.name for c in calls] == ["add"]
     assert sum(handed) <= len(text)
+
+
+def _read_spaced_call(pieces: int) -> float:
+    """CPU seconds to read one call with `pieces` one-space deltas before its object and
+    as many before its closing tag (best of three: the box is shared)."""
+    best = float("inf")
+    for _ in range(3):
+        parser, calls = CallParser(HERMES, NAMES), []
+        began = time.thread_time()
+        parser.feed("<tool_call>")
+        for _ in range(pieces):
+            parser.feed(" ")
+        calls += parser.feed('{"name": "add", "arguments": {}}')[1]
+        for _ in range(pieces):
+            calls += parser.feed(" ")[1]
+        calls += parser.feed("</tool_call>")[1]
+        best = min(best, time.thread_time() - began)
+        assert [c.name for c in calls] == ["add"]
+    return best
+
+
+def test_whitespace_held_in_a_call_is_read_in_linear_time():
+    # Unconstrained, a model may write long whitespace runs inside a call's tags: each
+    # delta's work must be linear in the delta, not in what is held (re-stripping the
+    # held text per delta makes 10x the pieces cost ~100x).
+    ratio = _read_spaced_call(100_000) / _read_spaced_call(10_000)
+    assert ratio < 30, ratio
 
 
 def test_the_syntax_follows_the_template():

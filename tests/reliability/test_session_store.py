@@ -109,6 +109,23 @@ async def test_ttl_expiry(make_store):
     await store.close()
 
 
+async def test_version_without_the_body(make_store):
+    clock = FakeClock(1_000.0)
+    store = make_store(clock, ttl_s=60.0)
+    rec = record("s1")
+    await store.save(rec)
+    assert await store.version("s1") == rec.version == 1
+    await store.save(rec)
+    assert await store.version("s1") == 2
+    assert await store.version("unknown") is None
+    clock.now += 61.0  # expired: as absent as after a delete
+    assert await store.version("s1") is None
+    await store.save(record("s2"))
+    await store.delete("s2")
+    assert await store.version("s2") is None
+    await store.close()
+
+
 async def test_save_refreshes_ttl(make_store):
     clock = FakeClock()
     store = make_store(clock, ttl_s=10.0)
