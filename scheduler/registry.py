@@ -26,6 +26,7 @@ from scheduler.policy import OVERLOADED
 from scheduler.ticket import Rejected
 
 log = logging.getLogger(__name__)
+DEFAULT_ALIAS = "default"  # a request's model name that always means the default model
 
 
 class UnknownModel(LookupError):
@@ -81,12 +82,16 @@ class ModelRegistry:
     def resolve(self, name: str | None) -> ModelSlot:
         """The model `name` routes to: None or "" is the default; with one model served,
         every name is that model (clients may send any `model`, as before several were
-        served); else UnknownModel."""
+        served); "default" is the default model unless a model is served under that name
+        (the README's examples send it, and must not break when a second model is added);
+        else UnknownModel."""
         if not name or len(self.slots) == 1:
             return self.default
         for slot in self.slots:
             if slot.name == name:
                 return slot
+        if name == DEFAULT_ALIAS:
+            return self.default
         raise UnknownModel(name, self.names())
 
     def state(self, slot: ModelSlot) -> str:

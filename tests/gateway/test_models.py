@@ -138,6 +138,8 @@ async def test_each_endpoint_routes_by_model(small):
     assert response.model == "b" and response.status in ("completed", "incomplete")
     default = await client.completions.create(model="", prompt="Hi", max_tokens=2)
     assert default.model == "a"  # no model: the default
+    alias = await client.completions.create(model="default", prompt="Hi", max_tokens=2)
+    assert alias.model == "a"  # "default", as the README sends it: the default model
     hello, done = await _ws_generate(small, "b")
     assert hello["model"] == "b" and hello["limits"]["max_context"] > 0
     assert done["type"] == "done" and done["finish_reason"] == "length"
