@@ -7,11 +7,11 @@
     template.py  vLLM's chat-template extensions (chat_template_kwargs, echo, ...)
     choices.py   prompts x n samples, run side by side
     answer.py    one JSON body, or Server-Sent Events
-    fallback.py  unknown routes and methods under /v1 in OpenAI's error shape
+    v1_errors.py unknown routes and methods under /v1 in OpenAI's error shape
 """
-from gateway.openai.fallback import v1_errors
 from gateway.openai.routes import (chat_completions, completions, load_model, model, models,
                                    unload_model)
+from gateway.openai.v1_errors import v1_errors
 
 __all__ = ["chat_completions", "completions", "load_model", "model", "models", "unload_model",
            "v1_errors"]

@@ -118,7 +118,7 @@ async def sse(request: web.Request, job: Job) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        sink = _Sink(request, resp, job.rt.config.send_timeout_s)
+        sink = SseSink(request, resp, job.rt.config.send_timeout_s)
         try:
             for choice in job.choices:
                 await _opening(sink, job, choice)
@@ -141,7 +141,7 @@ async def sse(request: web.Request, job: Job) -> web.StreamResponse:
     return resp
 
 
-class _Sink:
+class SseSink:
     """The SSE response, each write bounded by send_timeout: a client that stops reading
     is cut off (its connection aborted), which ends its request and frees its slot, as a
     WebSocket that does not drain is closed."""
@@ -164,7 +164,7 @@ class _Sink:
             raise ConnectionResetError(f"not read within {self._timeout:g} s") from None
 
 
-async def _opening(resp: _Sink, job: Job, choice: Choice) -> None:
+async def _opening(resp: SseSink, job: Job, choice: Choice) -> None:
     """Chat: each choice opens with the assistant's role (then any echo); completions:
     with the echo."""
     if job.chat:
@@ -177,7 +177,7 @@ async def _opening(resp: _Sink, job: Job, choice: Choice) -> None:
         choice.sent_chars = len(choice.echo)
 
 
-async def _closing(resp: _Sink, job: Job) -> None:
+async def _closing(resp: SseSink, job: Job) -> None:
     failure = _failure(job.stream)
     if failure is not None:
         await _event(resp, {"error": failure})
@@ -188,7 +188,7 @@ async def _closing(resp: _Sink, job: Job) -> None:
     await resp.write_eof()
 
 
-async def _sse_output(resp: _Sink, job: Job, choice: Choice, out) -> None:
+async def _sse_output(resp: SseSink, job: Job, choice: Choice, out) -> None:
     """One chunk; a cancelled or failed choice's last output carries only its text (the
     request's end is the error event written after it)."""
     finish = (choice.stream.finish_reason
@@ -207,7 +207,7 @@ async def _sse_output(resp: _Sink, job: Job, choice: Choice, out) -> None:
     job.rt.metrics.observe_delta(job.stream, len(out.new_token_ids), time.perf_counter())
 
 
-async def _tool_output(resp: _Sink, job: Job, choice: Choice, out, finish: str | None,
+async def _tool_output(resp: SseSink, job: Job, choice: Choice, out, finish: str | None,
                        logprobs: dict | None) -> None:
     """Text as content deltas (a possible call start held back); each call, once whole,
     as one tool_calls delta carrying its id, name and arguments (OpenAI's clients join
@@ -226,7 +226,7 @@ async def _tool_output(resp: _Sink, job: Job, choice: Choice, out, finish: str |
         await _event(resp, _chunk(job, choice, {}, finish))
 
 
-async def _event(resp: _Sink, obj: dict) -> None:
+async def _event(resp: SseSink, obj: dict) -> None:
     await resp.write(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")
 
 

@@ -42,12 +42,12 @@ _ids = itertools.count()
 _HOLDS_SLOT = web.RequestKey("holds_key_slot", bool)
 
 
-def _contained(handler):
+def contained(handler):
     """The fault boundary of one HTTP request: an unexpected exception answers a 500 in
     OpenAI's error shape and logs one traceback; the server and its other requests go on.
-    The request's slot of its key (taken by _runtime) is given back however it ends."""
+    The request's slot of its key (taken by runtime_of) is given back however it ends."""
     @functools.wraps(handler)
-    async def contained(request: web.Request) -> web.StreamResponse:
+    async def guarded(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException:
@@ -58,7 +58,7 @@ def _contained(handler):
         finally:
             if request.get(_HOLDS_SLOT):
                 request.app[RUNTIME].give_key_slot(request[OWNER])
-    return contained
+    return guarded
 
 
 def _internal() -> web.HTTPException:
@@ -66,21 +66,21 @@ def _internal() -> web.HTTPException:
                           err_type="server_error")
 
 
-@_contained
+@contained
 async def models(request: web.Request) -> web.Response:
     """Every configured model, loaded or not, with its state and memory."""
-    rt = _runtime(request)  # 503 until the default model is loaded
+    rt = runtime_of(request)  # 503 until the default model is loaded
     return web.json_response({"object": "list", "data": [
         _model_card(rt, slot) for slot in rt.scheduler.models.slots]})
 
 
-@_contained
+@contained
 async def model(request: web.Request) -> web.Response:
     """One model by id (the SDKs' `models.retrieve`): a served one, else a 404."""
     return web.json_response(_model_card(request.app[RUNTIME], _named_model(request)))
 
 
-@_contained
+@contained
 async def load_model(request: web.Request) -> web.Response:
     """POST /v1/models/{model}/load: load it now (a failed one is retried)."""
     rt, slot = request.app[RUNTIME], _named_model(request)
@@ -92,7 +92,7 @@ async def load_model(request: web.Request) -> web.Response:
     return web.json_response(_model_card(rt, slot))
 
 
-@_contained
+@contained
 async def unload_model(request: web.Request) -> web.Response:
     """POST /v1/models/{model}/unload: unload it now; 409 model_busy while it serves."""
     rt, slot = request.app[RUNTIME], _named_model(request)
@@ -109,7 +109,7 @@ async def unload_model(request: web.Request) -> web.Response:
 
 def _named_model(request: web.Request) -> ModelSlot:
     """The model named in the path, by its exact name; a 404 model_not_found."""
-    rt = _runtime(request)
+    rt = runtime_of(request)
     name = request.match_info["model"]
     for slot in rt.scheduler.models.slots:
         if slot.name == name:
@@ -131,9 +131,9 @@ def _model_card(rt: Runtime, slot: ModelSlot) -> dict:
             "default": slot is models.default}
 
 
-@_contained
+@contained
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    rt = _runtime(request)
+    rt = runtime_of(request)
     req = await decode_body(request, ChatRequest, rt.config.body_timeout_s)
     check(req, rt.config.max_choices, chat=True)
     await _use_model(rt, req.model)
@@ -179,9 +179,9 @@ def _messages(req: ChatRequest, with_tools: bool, max_messages: int) -> list[dic
     return messages
 
 
-@_contained
+@contained
 async def completions(request: web.Request) -> web.StreamResponse:
-    rt = _runtime(request)
+    rt = runtime_of(request)
     req = await decode_body(request, CompletionRequest, rt.config.body_timeout_s)
     check(req, rt.config.max_choices, chat=False)
     await _use_model(rt, req.model)
@@ -231,7 +231,7 @@ def _prompts(prompt: str | list) -> list[str | list[int]]:
     return prompt
 
 
-def _runtime(request: web.Request) -> Runtime:
+def runtime_of(request: web.Request) -> Runtime:
     """The app's runtime once the caller may use it: origin, key, the key's slot, ready."""
     rt = request.app[RUNTIME]
     check_origin(request, rt.config)

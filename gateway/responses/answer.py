@@ -15,7 +15,7 @@ import time
 from aiohttp import web
 
 from gateway.errors import error_response
-from gateway.openai.answer import _Sink  # noqa: PLC2701 - the bounded SSE writer, shared
+from gateway.openai.answer import SseSink  # the bounded SSE writer, shared
 from gateway.responses.run import Prepared, finish, generate
 from gateway.runtime import Runtime
 from gateway.stream import Stream
@@ -48,7 +48,7 @@ async def sse(request: web.Request, rt: Runtime, admission: Admission, prepared:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        sink = _Sink(request, resp, rt.config.send_timeout_s)
+        sink = SseSink(request, resp, rt.config.send_timeout_s)
         try:
             for event in shape.opening():
                 await _write(sink, shape, event)
@@ -77,7 +77,7 @@ async def sse(request: web.Request, rt: Runtime, admission: Admission, prepared:
     return resp
 
 
-async def _write(sink: _Sink, shape, event: dict) -> None:
+async def _write(sink: SseSink, shape, event: dict) -> None:
     shape.stamp(event)
     await sink.write(_frame(event))
 
@@ -93,7 +93,7 @@ async def follow(request: web.Request, rt: Runtime, log, after: int) -> web.Stre
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    sink = _Sink(request, resp, rt.config.send_timeout_s)
+    sink = SseSink(request, resp, rt.config.send_timeout_s)
     async for event in log.follow(after):
         await sink.write(_frame(event))
     await sink.write_eof()

@@ -18,8 +18,8 @@ from aiohttp import web
 from gateway.auth import OWNER
 from gateway.errors import RequestError, bad_request, error_response, model_refusal
 from gateway.openai.request import decode_body
-from gateway.openai.routes import _contained, _runtime  # noqa: PLC2701 - one fault
-# boundary and one gate (origin, key, key slot, ready) for every OpenAI HTTP route
+# one fault boundary and one gate (origin, key, key slot, ready) for every OpenAI HTTP route
+from gateway.openai.routes import contained, runtime_of
 from gateway.responses import background, stored
 from gateway.responses.answer import follow, sse, whole
 from gateway.responses.request import CreateRequest
@@ -47,9 +47,9 @@ def http_error(exc: RequestError) -> web.HTTPException:
                           param=exc.param)
 
 
-@_contained
+@contained
 async def create(request: web.Request) -> web.StreamResponse:
-    rt = _runtime(request)
+    rt = runtime_of(request)
     req = await decode_body(request, CreateRequest, rt.config.body_timeout_s)
     if req.background and req.store is False:
         raise bad_request("background: needs store: true (it is polled from the store)",
@@ -121,11 +121,11 @@ async def _stored(request: web.Request, rt: Runtime) -> stored.Stored:
     return found
 
 
-@_contained
+@contained
 async def retrieve(request: web.Request) -> web.StreamResponse:
     """The stored Response; `?stream=true&starting_after=N` resumes a background run's
     events after sequence number N (on the replica running it, while its log is kept)."""
-    rt = _runtime(request)
+    rt = runtime_of(request)
     found = await _stored(request, rt)
     if request.query.get("stream") not in ("true", "1"):
         return web.json_response(found.object)
@@ -140,11 +140,11 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     return await follow(request, rt, run.log, after)
 
 
-@_contained
+@contained
 async def cancel(request: web.Request) -> web.Response:
     """Stop a background response (its engine request aborted, its KV freed); answers
     the Response as stored once the run has ended."""
-    rt = _runtime(request)
+    rt = runtime_of(request)
     found = await _stored(request, rt)
     response_id = found.record.session_id
     if not found.object.get("background"):
@@ -157,9 +157,9 @@ async def cancel(request: web.Request) -> web.Response:
     return web.json_response(found.object)
 
 
-@_contained
+@contained
 async def delete(request: web.Request) -> web.Response:
-    rt = _runtime(request)
+    rt = runtime_of(request)
     found = await _stored(request, rt)
     try:
         await stored.delete(rt, found.record.session_id)
@@ -169,9 +169,9 @@ async def delete(request: web.Request) -> web.Response:
                               "deleted": True})
 
 
-@_contained
+@contained
 async def input_items(request: web.Request) -> web.Response:
-    found = await _stored(request, _runtime(request))
+    found = await _stored(request, runtime_of(request))
     items = list(found.input_items)
     order = request.query.get("order", "desc")
     if order not in ("asc", "desc"):
