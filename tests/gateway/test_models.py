@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import aiohttp
 import psutil
@@ -24,6 +27,7 @@ import websockets
 from openai import AsyncOpenAI, NotFoundError
 
 from realtime_helpers import recv_until, say
+from test_clients import CHROMIUM, TOOLS, require
 
 pytestmark = pytest.mark.usefixtures("cpu_kernels")
 
@@ -339,3 +343,20 @@ async def test_two_real_models_serve_16_concurrent_streams(two_real):
     assert results[14:] == ["incomplete", "incomplete"]
     cards = await _cards(two_real)
     assert cards["smol"]["state"] == cards["gemma"]["state"] == "loaded"
+
+
+# -- the browser page ------------------------------------------------------------------------
+async def test_the_browser_page_picks_a_model(small):
+    require(TOOLS / "playwright-core")
+    require(CHROMIUM)
+    script = Path(__file__).parent / "js" / "browser_models.js"
+    proc = await asyncio.create_subprocess_exec(
+        shutil.which("node") or "node", str(script), small + "/?max_tokens=8", "b",
+        env={**os.environ, "CHROMIUM": str(CHROMIUM)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 240)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert result["options"] == ["a", "b", "broken"] and result["before"] == "a"
+    assert result["hellos"] == ["a", "b"], result  # picking b reconnected the page to b
+    assert result["shown"].startswith("b ·")
