@@ -37,8 +37,7 @@ class EngineCore:
         self.model_name = loaded.name
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids)
         self.vocab_size = loaded.config.vocab_size
-        wanted_len = context_len(loaded.config, config.max_model_len, _MAX_CONTEXT,
-                                 windows_honoured=not config.use_triton())
+        wanted_len = context_len(loaded.config, config.max_model_len, _MAX_CONTEXT)
         self.runner = ModelRunner(config, loaded, wanted_len)
         if self.runner.device.type == "cpu":
             keep_freed_step_buffers()

@@ -62,8 +62,8 @@ class ModelRunner:
         shape = (c.num_heads, c.num_kv_heads, c.head_dim)
         if self.config.use_triton():
             from engine.triton_backend import TritonAttention, TritonOps
-            # no window in the Triton kernels: the engine caps the context to it instead
-            return (lambda window: TritonAttention(*shape, scale=c.attention_scale)), TritonOps
+            return (lambda window: TritonAttention(*shape, scale=c.attention_scale,
+                                                   window=window)), TritonOps
         if self.device.type == "cpu" and self.config.attention_backend in ("auto", "cpu"):
             kernels = cpu_kernels.load()
             if kernels is not None:

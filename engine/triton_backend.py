@@ -34,15 +34,18 @@ class TritonAttention:
     """Paged attention with Triton kernels; a drop-in for TorchAttention."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, *,
-                 target_programs: int | None = None, scale: float | None = None):
+                 target_programs: int | None = None, scale: float | None = None,
+                 window: int | None = None):
         """target_programs: decode programs to aim for when splitting contexts
         (None: PROGRAMS_PER_SM per SM of q's GPU; 1, i.e. never split, elsewhere).
-        No sliding window here yet: the engine caps a windowed model's context to it."""
+        window: each query sees only the last `window` positions up to its own (a
+        sliding-window layer); tokens before it are never read. None: the whole context."""
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5 if scale is None else scale
         self.target_programs = target_programs
+        self.window = window
 
     def attend_qkv(self, qkv, positions, cos_sin_cache, kv_cache, meta):
         """No fused qkv path here (engine.attention.TorchAttention.attend_qkv): None."""
@@ -63,7 +66,7 @@ class TritonAttention:
             # kernel leaves rows before it alone.
             paged_prefill_attention(q, k_cache, v_cache, meta.block_tables[nd:],
                                     meta.query_start_loc[nd:], meta.seq_lens[nd:],
-                                    self.scale, out=out)
+                                    self.scale, out=out, window=self.window)
         return out
 
     def _decode(self, q, k_cache, v_cache, block_tables, seq_lens, out) -> None:
@@ -71,7 +74,7 @@ class TritonAttention:
         max_context = block_tables.shape[1] * k_cache.shape[1]
         num_partitions = split_num_partitions(q.shape[0], self.num_kv_heads, max_context, target)
         paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, self.scale,
-                               out=out, num_partitions=num_partitions)
+                               out=out, num_partitions=num_partitions, window=self.window)
 
 
 class TritonOps:

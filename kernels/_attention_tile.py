@@ -27,14 +27,16 @@ def online_softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION
 
     Scores are in log2 units (qk_scale includes log2(e)); m_i is the running row max,
     l_i the running sum of exp2, acc the unnormalised output. visible [M, N] masks
-    scores to -inf. Each row must see >= 1 column in its first tile: m_i then turns
-    finite, and later fully masked tiles add exp2(-inf) = 0 instead of NaN.
+    scores to -inf. A row that has seen nothing yet (a sliding window that starts past
+    this tile) keeps m_i = -inf and adds nothing: exponents are taken against a finite
+    stand-in, so exp2(-inf) = 0 rather than NaN.
     """
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc

@@ -1,8 +1,10 @@
 """Paged decode attention, split-KV (flash-decoding): one query token per sequence.
 
     context of sequence b (ctx = seq_lens[b] tokens, in blocks listed by block_tables[b]):
-    |<- partition 0 ->|<- partition 1 ->| ... |<- partition L-1 ->|   L live of P launched
+    | unseen (window) |<- partition 0 ->| ... |<- partition L-1 ->|   L live of P launched
       tiles of BLOCK_N tokens; token n lives at slot block_tables[b, n // bs] * bs + n % bs
+    With a sliding window W > 0 only the last W tokens are seen (and read): the span
+    [max(0, ctx - W), ctx) is what the partitions split; W = 0 sees the whole context.
 
     P (the grid's third dim) comes from shapes; each sequence splits its own ctx at run
     time into L = min(P, cdiv(ctx, MIN_PARTITION)) partitions of equal length (rounded up
@@ -49,12 +51,22 @@ def _partition_len(ctx_len, num_parts, MIN_PARTITION: tl.constexpr, BLOCK_N: tl.
     return tl.maximum(tl.cdiv(tl.cdiv(ctx_len, live), BLOCK_N), 1) * BLOCK_N
 
 
-@triton.jit(do_not_specialize=["max_blocks", "stride_bt"],
+@triton.jit
+def _seen_span(seq_lens_ptr, b, max_blocks, window, BLOCK_SIZE: tl.constexpr):
+    """(first, end) of the tokens sequence b's query sees: its whole context, or its last
+    `window` tokens (window > 0)."""
+    # Clamp to the table's capacity so a bad seq_len can never read past block_tables.
+    end = tl.minimum(tl.load(seq_lens_ptr + b), max_blocks * BLOCK_SIZE)
+    first = tl.where(window > 0, tl.maximum(end - window, 0), 0)
+    return first, end
+
+
+@triton.jit(do_not_specialize=["max_blocks", "stride_bt", "window"],
             do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr"])
 def _decode_partition_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
-    qk_scale, max_blocks, stride_qb, stride_qh, stride_bt, stride_ob, stride_oh,
+    qk_scale, max_blocks, window, stride_qb, stride_qh, stride_bt, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, MIN_PARTITION: tl.constexpr, DIRECT: tl.constexpr,
@@ -67,10 +79,9 @@ def _decode_partition_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     heads = kvh * GROUP + offs_g
     g_mask = (offs_g < GROUP)[:, None]
-    # Clamp to the table's capacity so a bad seq_len can never read past block_tables.
-    ctx_len = tl.minimum(tl.load(seq_lens_ptr + b), max_blocks * BLOCK_SIZE)
-    part_len = _partition_len(ctx_len, tl.num_programs(2), MIN_PARTITION, BLOCK_N)
-    start = part * part_len
+    first, ctx_len = _seen_span(seq_lens_ptr, b, max_blocks, window, BLOCK_SIZE)
+    part_len = _partition_len(ctx_len - first, tl.num_programs(2), MIN_PARTITION, BLOCK_N)
+    start = first + part * part_len
     out_offs = b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
     if start >= ctx_len:
         if DIRECT:  # the only partition of an empty (padding) row: write zeros
@@ -101,19 +112,20 @@ def _decode_partition_kernel(
         tl.store(part_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask)
 
 
-@triton.jit(do_not_specialize=["max_blocks", "num_parts"],
+@triton.jit(do_not_specialize=["max_blocks", "num_parts", "window"],
             do_not_specialize_on_alignment=["seq_lens_ptr"])
 def _decode_merge_kernel(
     out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, seq_lens_ptr,
-    max_blocks, num_parts, stride_ob, stride_oh,
+    max_blocks, num_parts, window, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, MIN_PARTITION: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_d = tl.arange(0, HEAD_DIM)
-    ctx_len = tl.minimum(tl.load(seq_lens_ptr + b), max_blocks * BLOCK_SIZE)
-    live_parts = tl.cdiv(ctx_len, _partition_len(ctx_len, num_parts, MIN_PARTITION, BLOCK_N))
+    first, end = _seen_span(seq_lens_ptr, b, max_blocks, window, BLOCK_SIZE)
+    span = end - first
+    live_parts = tl.cdiv(span, _partition_len(span, num_parts, MIN_PARTITION, BLOCK_N))
     row0 = (b * NUM_HEADS + h) * num_parts
     m = float("-inf")
     l = 0.0
@@ -166,7 +178,7 @@ def split_num_partitions(batch: int, num_kv_heads: int, max_context: int, target
 
 
 def _check_args(q, k_cache, v_cache, block_tables, seq_lens, out, num_partitions,
-                min_partition) -> None:
+                min_partition, window) -> None:
     check_tensor("q", q, 3)
     check_kv_cache(k_cache, v_cache)
     check_same("k_cache", k_cache, "q", q)
@@ -187,6 +199,8 @@ def _check_args(q, k_cache, v_cache, block_tables, seq_lens, out, num_partitions
         raise ValueError(f"min_partition must be a power of two >= 16, got {min_partition}")
     if num_partitions is not None and (not isinstance(num_partitions, int) or num_partitions < 1):
         raise ValueError(f"num_partitions must be a positive int or None, got {num_partitions!r}")
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int or None, got {window!r}")
     if out is not None:
         check_tensor("out", out, 3)
         check_same("out", out, "q", q)
@@ -197,8 +211,10 @@ def _check_args(q, k_cache, v_cache, block_tables, seq_lens, out, num_partitions
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            out: torch.Tensor | None = None, *, num_partitions: int | None = None,
-                           min_partition: int = MIN_PARTITION_SIZE) -> torch.Tensor:
-    """Attention of q [B, H, D] over each sequence's first seq_lens[b] cached tokens.
+                           min_partition: int = MIN_PARTITION_SIZE,
+                           window: int | None = None) -> torch.Tensor:
+    """Attention of q [B, H, D] over each sequence's first seq_lens[b] cached tokens (the
+    last `window` of them with a sliding window; the others are never read).
 
     block_tables [B, max_blocks] int32, seq_lens [B] int32 (0 gives a zero row);
     returns out [B, H, D] in q's dtype. num_partitions: partitions launched per sequence
@@ -206,7 +222,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     min_partition)); each sequence splits its context into at most that many, each at
     least min_partition tokens (a power of two >= 16) unless the context is shorter.
     """
-    _check_args(q, k_cache, v_cache, block_tables, seq_lens, out, num_partitions, min_partition)
+    _check_args(q, k_cache, v_cache, block_tables, seq_lens, out, num_partitions, min_partition,
+                window)
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     max_blocks = block_tables.shape[1]
@@ -223,7 +240,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     part_sum = q.new_empty(part_shape, dtype=torch.float32)
     _decode_partition_kernel[(batch, num_kv_heads, num_partitions)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_max, part_sum,
-        scale * math.log2(math.e), max_blocks, q.stride(0), q.stride(1),
+        scale * math.log2(math.e), max_blocks, window or 0, q.stride(0), q.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1),
         **partition_constexprs(num_heads, num_kv_heads, head_dim, block_size, min_partition,
                                direct, q.dtype),
@@ -231,7 +248,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if not direct:
         _decode_merge_kernel[(batch, num_heads)](
             out, part_acc, part_max, part_sum, seq_lens, max_blocks, num_partitions,
-            out.stride(0), out.stride(1),
+            window or 0, out.stride(0), out.stride(1),
             **merge_constexprs(num_heads, head_dim, block_size, min_partition),
         )
     return out
@@ -239,7 +256,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                               scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                               scale: float, out: torch.Tensor | None = None,
+                               window: int | None = None) -> torch.Tensor:
     """Plain-torch paged_decode_attention (fp32 math); same arguments and result."""
     if out is None:
         out = torch.empty_like(q)
@@ -249,6 +267,8 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
             out[b] = 0
             continue
         k, v = gather_kv(k_cache, v_cache, block_tables[b], seq_len, q.shape[1])  # [H, L, D]
+        if window is not None:
+            k, v = k[:, -window:], v[:, -window:]
         scores = torch.einsum("hd,hld->hl", q[b].float(), k) * scale
         out[b] = torch.einsum("hl,hld->hd", scores.softmax(-1), v).to(q.dtype)
     return out

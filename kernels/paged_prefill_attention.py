@@ -5,6 +5,8 @@
                                                          ^ query i sits at position
                                                            seq_len - q_len + i and sees
                                                            positions <= its own (causal)
+                                                           and, with a sliding window W,
+                                                           > its own - W
     K/V of every position (new tokens included) are read from the paged cache.
 
 Grid (T // BLOCK_Q + B, Hkv): program p finds its sequence b by binary search over
@@ -50,12 +52,12 @@ def _find_sequence(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr
 # The engine slices the per-sequence inputs past the decode rows and the batch changes
 # every step: specialising on these integers or on the slices' 16-byte alignment would
 # compile new variants mid-run (seconds each) for no gain (they are scalar loads).
-@triton.jit(do_not_specialize=["num_seqs", "max_blocks", "stride_bt"],
+@triton.jit(do_not_specialize=["num_seqs", "max_blocks", "window", "stride_bt"],
             do_not_specialize_on_alignment=["block_tables_ptr", "query_start_loc_ptr",
                                             "seq_lens_ptr"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
-    out_ptr, qk_scale, num_seqs, max_blocks, stride_qt, stride_qh, stride_bt, stride_ot,
+    out_ptr, qk_scale, num_seqs, max_blocks, window, stride_qt, stride_qh, stride_bt, stride_ot,
     stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr,
@@ -85,13 +87,16 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_Q * GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_DIM], dtype=tl.float32)
     bt_row = block_tables_ptr + b * stride_bt
-    for n0 in range(0, kv_end, BLOCK_N):
+    # With a window (> 0), tiles wholly before the tile's first query's window are skipped.
+    kv_first = tl.where(window > 0, tl.maximum(prefix_len + first_q - window + 1, 0), 0)
+    for n0 in range(kv_first // BLOCK_N * BLOCK_N, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_end
         k, v = load_kv_tile(k_cache_ptr, v_cache_ptr, bt_row, offs_n, n_mask, kvh,
                             NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
         # Causal. Position 0 sits in the first tile and every row sees it.
         visible = n_mask[None, :] & (offs_n[None, :] <= pos[:, None])
+        visible &= (window <= 0) | (offs_n[None, :] > pos[:, None] - window)
         m_i, l_i, acc = online_softmax_step(q, k, v, visible, m_i, l_i, acc, qk_scale,
                                             DOT_PRECISION)
     out = acc / l_i[:, None]
@@ -112,7 +117,8 @@ def prefill_constexprs(num_heads: int, num_kv_heads: int, head_dim: int, block_s
     )
 
 
-def _check_args(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out) -> None:
+def _check_args(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
+                window) -> None:
     check_tensor("q", q, 3)
     check_kv_cache(k_cache, v_cache)
     check_same("k_cache", k_cache, "q", q)
@@ -130,6 +136,8 @@ def _check_args(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ou
     check_head_dim(q.shape[2])
     if q.shape[1] % k_cache.shape[2]:
         raise ValueError(f"num_heads {q.shape[1]} is not a multiple of num_kv_heads {k_cache.shape[2]}")
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int or None, got {window!r}")
     if out is not None:
         check_tensor("out", out, 3)
         check_same("out", out, "q", q)
@@ -140,15 +148,17 @@ def _check_args(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ou
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                             seq_lens: torch.Tensor, scale: float,
-                            out: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of the ragged queries q [T, H, D] over their paged contexts.
+                            out: torch.Tensor | None = None, *,
+                            window: int | None = None) -> torch.Tensor:
+    """Causal attention of the ragged queries q [T, H, D] over their paged contexts (each
+    query over the last `window` positions up to its own, with a sliding window).
 
     query_start_loc [B+1] int32, non-decreasing, query_start_loc[B] <= T (rows outside
     [query_start_loc[0], query_start_loc[B]) are left untouched, so decode rows may sit in
     front); seq_lens [B] int32 (>= each sequence's q_len); block_tables [B, max_blocks]
     int32. Returns out [T, H, D].
     """
-    _check_args(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out)
+    _check_args(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, window)
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     batch = seq_lens.shape[0]
@@ -159,7 +169,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     constexprs = prefill_constexprs(num_heads, num_kv_heads, head_dim, block_size, q.dtype)
     _prefill_kernel[(num_tokens // constexprs["BLOCK_Q"] + batch, num_kv_heads)](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out,
-        scale * math.log2(math.e), batch, block_tables.shape[1], q.stride(0), q.stride(1),
+        scale * math.log2(math.e), batch, block_tables.shape[1], window or 0, q.stride(0),
+        q.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1), **constexprs,
         num_warps=NUM_WARPS,
     )
@@ -169,7 +180,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 def paged_prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                                 seq_lens: torch.Tensor, scale: float,
-                                out: torch.Tensor | None = None) -> torch.Tensor:
+                                out: torch.Tensor | None = None,
+                                window: int | None = None) -> torch.Tensor:
     """Plain-torch paged_prefill_attention (fp32 math); same arguments and result."""
     if out is None:
         out = torch.empty_like(q)
@@ -181,7 +193,10 @@ def paged_prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         k, v = gather_kv(k_cache, v_cache, block_tables[b], seq_len, q.shape[1])  # [H, S, D]
         scores = torch.einsum("lhd,hsd->hls", q[begin:end].float(), k) * scale
         pos = torch.arange(seq_len - (end - begin), seq_len, device=q.device)  # [L]
-        visible = torch.arange(seq_len, device=q.device)[None, :] <= pos[:, None]  # [L, S]
+        keys = torch.arange(seq_len, device=q.device)[None, :]
+        visible = keys <= pos[:, None]  # [L, S]
+        if window is not None:
+            visible &= keys > pos[:, None] - window
         scores = scores.masked_fill(~visible, float("-inf"))
         out[begin:end] = torch.einsum("hls,hsd->lhd", scores.softmax(-1), v).to(q.dtype)
     return out

@@ -2,13 +2,11 @@
 dummy shape."""
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 from engine.models.rope import SUPPORTED_ROPE_TYPES
 
-log = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
@@ -141,18 +139,10 @@ def _sliding_layers(hf) -> tuple[bool, ...] | None:
     return None if layer_types is None else tuple(t == "sliding_attention" for t in layer_types)
 
 
-def context_len(config: ModelConfig, requested: int | None, limit: int,
-                windows_honoured: bool = True) -> int:
-    """The context to serve: `requested`, else the model's own up to `limit`. Where the
-    attention backend does not honour a sliding window (the Triton kernels), never beyond
-    it, so within it every token sees exactly what transformers lets it see."""
-    wanted = requested or min(config.max_position_embeddings, limit)
-    if (not windows_honoured and config.sliding_window is not None
-            and wanted > config.sliding_window):
-        log.info("context capped from %d to the model's sliding window of %d tokens",
-                 wanted, config.sliding_window)
-        return config.sliding_window
-    return wanted
+def context_len(config: ModelConfig, requested: int | None, limit: int) -> int:
+    """The context to serve: `requested`, else the model's own up to `limit` (every
+    attention backend honours a sliding window, so none caps the context to it)."""
+    return requested or min(config.max_position_embeddings, limit)
 
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,

@@ -1,6 +1,6 @@
 """Reading a model's config: rope types (run exactly as transformers does, or refused at
-load naming the type) and sliding windows (applied wherever transformers applies them; the
-context capped to the window only where the attention backend does not honour one)."""
+load naming the type) and sliding windows (applied wherever transformers applies them, by
+every attention backend, so the context is never capped to the window)."""
 import json
 import logging
 
@@ -112,9 +112,8 @@ def test_a_sliding_window_is_applied_where_transformers_applies_it_and_not_cappe
         assert len(llm.generate([[42] * (window + 8)])[0].token_ids) > 0
 
 
-def test_the_context_is_capped_to_a_window_the_backend_does_not_honour(tokenizer):
-    """The Triton kernels take no window: there the context stops at it."""
+def test_the_context_is_not_capped_to_a_sliding_window(tokenizer):
+    """Every backend (torch, C++, Triton) honours a window: the context goes past it."""
     hf = tiny_models.hf_config("mistral", len(tokenizer), sliding_window=128)
     config = from_hf_config(hf, (2,))
-    assert context_len(config, 512, MAX_POS, windows_honoured=False) == 128
-    assert context_len(config, 512, MAX_POS, windows_honoured=True) == 512
+    assert context_len(config, 512, MAX_POS) == 512

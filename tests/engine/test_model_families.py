@@ -57,10 +57,11 @@ def test_greedy_tokens_and_logits_match_transformers(name, backend, family, prom
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="the Triton kernels run on CPU under TRITON_INTERPRET=1")
-@pytest.mark.parametrize("name", ["llama3", "qwen2-yarn"])
-def test_triton_kernels_apply_the_scaled_rope(name, family, prompts):
-    """The Triton rotary kernel reads the same table, yarn's attention factor included
-    (interpreted, so fewer steps)."""
+@pytest.mark.parametrize("name", ["llama3", "qwen2-yarn", "mistral", "gemma3"])
+def test_triton_kernels_apply_the_scaled_rope_and_windows(name, family, prompts):
+    """The Triton rotary kernel reads the same table, yarn's attention factor included, and
+    the Triton attention honours Mistral's and Gemma 3's sliding windows (interpreted, so
+    fewer steps)."""
     path, theirs = family(name)
     ours = tiny_models.engine_runs(path, prompts, steps=8, attention_backend="triton")
     _assert_same(ours, theirs, 8)

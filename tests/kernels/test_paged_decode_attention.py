@@ -137,3 +137,27 @@ def test_gpu_cuda_graph_replay_follows_new_seq_lens(gen):
     out.fill_(float("nan"))
     graph.replay()
     assert_close(out, paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125))
+
+
+@pytest.mark.parametrize("num_partitions", [1, 3, None])
+@pytest.mark.parametrize("window", [1, 20, 64, 500])
+def test_sliding_window_sees_and_reads_only_the_last_tokens(gen, device, window,
+                                                            num_partitions):
+    """A window shorter than some contexts, longer than others (500: all), over one or
+    several partitions; tokens before it are NaN-poisoned, so reading one fails."""
+    seq_lens = [100, 17, 1, 64, 33, 0]
+    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, 4, 2, 32, torch.float32, device)
+    for b, n in enumerate(seq_lens):
+        pos = torch.arange(max(0, n - window))
+        slots = tables[b, pos // 4].long().cpu(), pos % 4
+        k_cache[slots], v_cache[slots] = float("nan"), float("nan")
+    q = randn(gen, len(seq_lens), 8, 32, dtype=torch.float32, device=device)
+    out = paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.2, out=nan_like(q),
+                                 min_partition=16, num_partitions=num_partitions,
+                                 window=window)
+    clean = [t.nan_to_num(0.0) for t in (k_cache, v_cache)]
+    expected = paged_decode_attention_ref(q, *clean, tables, lens, 0.2, window=window)
+    assert_close(out, expected)
+    if window < 100:  # the window changed the answer where it cut a context
+        whole = paged_decode_attention_ref(q, *clean, tables, lens, 0.2)
+        assert not torch.allclose(whole[0], expected[0])

@@ -81,3 +81,25 @@ def test_gpu_real_shapes(gen, num_heads, num_kv_heads, head_dim):
     q_lens = [2048, 300, 700, 1, 64, 1]
     run_case(gen, "cuda", seq_lens, q_lens, num_heads, num_kv_heads, head_dim,
              torch.bfloat16, block_size=16)
+
+
+@pytest.mark.parametrize("window", [1, 5, 40, 300])
+def test_sliding_window(gen, device, window):
+    """Each query sees the last `window` positions up to its own: a cached prefix longer
+    than the window, a prompt spanning several query and K/V tiles, one-token rows (rows
+    that see nothing in a tile's first K/V tiles must not turn NaN)."""
+    args = ragged(gen, [150, 90, 9, 1], [90, 90, 1, 1], 6, 2, 32, torch.float32, device, 4)
+    out = paged_prefill_attention(*args, 0.2, out=nan_like(args[0]), window=window)
+    expected = paged_prefill_attention_ref(*args, 0.2, window=window)
+    assert_close(out, expected)
+    if window < 90:
+        assert not torch.allclose(expected, paged_prefill_attention_ref(*args, 0.2))
+
+
+def test_sliding_window_equals_decode(gen, device):
+    """One query per sequence with a window: the decode kernel's answer."""
+    q, k_cache, v_cache, tables, starts, lens = ragged(gen, [70, 33, 5], [1, 1, 1], 8, 2, 32,
+                                                       torch.float32, device, 4)
+    prefill = paged_prefill_attention(q, k_cache, v_cache, tables, starts, lens, 0.2, window=12)
+    decode = paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.2, window=12)
+    assert_close(prefill, decode)
