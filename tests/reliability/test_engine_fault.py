@@ -215,7 +215,8 @@ async def test_consecutive_faults_kill_the_engine(serve):
             assert resp.status == 503
             assert (await resp.json())["engine_alive"] is False
         assert app[RUNTIME].status == "failed"
-        assert _failed(await _one(ws, "after", 5))  # refused at once, no hang
+        after = (await _one(ws, "after", 5))["end"]  # refused at once, no hang
+        assert after["code"] == "model_unavailable" and "engine is dead" in after["message"]
         await ws.close()
     stats = engine.stats()
     assert stats.num_free_blocks == stats.num_total_blocks
