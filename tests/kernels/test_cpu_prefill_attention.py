@@ -38,10 +38,9 @@ def test_no_sequences_or_empty_queries_write_nothing(gen, kernels):
     assert_close(out, paged_prefill_attention_ref(q, k_cache, v_cache, tables, starts, lens, 0.1))
 
 
-def test_mixed_step_agrees_with_torch_backend(gen, kernels):
-    """A step as the engine builds it (two decodes, a whole prompt, an extend over a cached
-    prefix) through both backends' __call__: the torch one runs SDPA per request."""
-    seq_lens, q_lens = [40, 7, 50, 90], [1, 1, 50, 20]
+def _mixed_step(gen, seq_lens: list[int], q_lens: list[int]):
+    """A step as the engine builds it (the first two sequences decode): (q, k, v, k_cache,
+    v_cache, block_tables, metadata), the caches readable by the torch backend."""
     k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, 16, 3, 64, torch.float32, "cpu",
                                               extra_cols=0)
     k_cache, v_cache, tables = readable_by_torch_backend(k_cache, v_cache, tables)
@@ -54,6 +53,14 @@ def test_mixed_step_agrees_with_torch_backend(gen, kernels):
         slot_mapping=torch.tensor(slots), block_tables=tables, seq_lens=lens,
         query_start_loc=torch.tensor([0] + q_lens).cumsum(0).int(), num_decodes=2,
         max_seq_len=max(seq_lens), query_lens_host=q_lens, seq_lens_host=seq_lens)
+    return q, k, v, k_cache, v_cache, tables, meta
+
+
+def test_mixed_step_agrees_with_torch_backend(gen, kernels):
+    """A step as the engine builds it (two decodes, a whole prompt, an extend over a cached
+    prefix) through both backends' __call__: the torch one runs SDPA per request."""
+    seq_lens, q_lens = [40, 7, 50, 90], [1, 1, 50, 20]
+    q, k, v, k_cache, v_cache, tables, meta = _mixed_step(gen, seq_lens, q_lens)
     expected = TorchAttention(9, 3, 64)(q, k, v, (k_cache.clone(), v_cache.clone()), meta)
     out = CpuAttention(9, 3, 64, kernels)(q, k, v, (k_cache, v_cache), meta)
     assert_close(out, expected)
@@ -67,18 +74,7 @@ def test_a_sliding_window_agrees_with_torch_backend_and_reads_nothing_older(gen,
     parity), and every cache slot before the first position a sequence's queries may see
     is NaN for the C++ backend, so reading one would show."""
     seq_lens, q_lens = [40, 7, 50, 90, 150], [1, 1, 50, 20, 150]
-    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, 16, 3, 64, torch.float32, "cpu",
-                                              extra_cols=0)
-    k_cache, v_cache, tables = readable_by_torch_backend(k_cache, v_cache, tables)
-    tokens = sum(q_lens)
-    q = randn(gen, tokens, 9, 64, dtype=torch.float32, device="cpu")
-    k, v = (randn(gen, tokens, 3, 64, dtype=torch.float32, device="cpu") for _ in range(2))
-    slots = [int(tables[b, p // 16]) * 16 + p % 16 for b, (s, n) in enumerate(zip(seq_lens, q_lens))
-             for p in range(s - n, s)]
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots), block_tables=tables, seq_lens=lens,
-        query_start_loc=torch.tensor([0] + q_lens).cumsum(0).int(), num_decodes=2,
-        max_seq_len=max(seq_lens), query_lens_host=q_lens, seq_lens_host=seq_lens)
+    q, k, v, k_cache, v_cache, tables, meta = _mixed_step(gen, seq_lens, q_lens)
     expected = TorchAttention(9, 3, 64, window=window)(
         q, k, v, (k_cache.clone(), v_cache.clone()), meta)
     for b, (s, n) in enumerate(zip(seq_lens, q_lens)):
