@@ -3,10 +3,7 @@
 // Usage: node browser_chat.js URL SCREENSHOT_PATH   (prints a JSON summary on stdout)
 // playwright-core comes from tests/gateway/js/node_modules; the browser is Debian's chromium.
 "use strict";
-const fs = require("fs");
-const os = require("os");
-const path = require("path");
-const { chromium } = require("playwright-core");
+const { withPage } = require("./chromium_page");
 
 const [url, screenshot] = process.argv.slice(2);
 // The first prompt spans three full KV blocks, so that turn 2's cached prefix shows more
@@ -21,16 +18,7 @@ const QUESTIONS = [
 const LONG_QUESTION = "Write a long story about a dragon and a knight.";
 
 async function main() {
-  const userDataDir = fs.mkdtempSync(path.join(os.tmpdir(), "tokenwire-chromium-"));
-  const context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-    headless: true,
-    viewport: { width: 1000, height: 640 },
-    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  });
-  try {
-    const page = context.pages()[0] || await context.newPage();
+  await withPage(async (page) => {
     const consoleErrors = [];
     page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
     const usages = [];  // each `done` frame's usage, read off the page's own socket
@@ -56,10 +44,11 @@ async function main() {
     const users = await page.$$eval(".msg.user", (els) => els.map((e) => e.textContent));
     const stopped = await stopLongReply(page);
     console.log(JSON.stringify({ replies, stats, metas, users, stopped, usages, consoleErrors }));
-  } finally {
-    await context.close();
-    fs.rmSync(userDataDir, { recursive: true, force: true });
-  }
+  }, {
+    viewport: { width: 1000, height: 640 },
+    args: ["--disable-quic", "--disable-background-networking", "--disable-component-update",
+           "--disable-sync"],
+  });
 }
 
 // Ask for a long reply, press Stop once it streams; returns the reply's meta line.

@@ -2,21 +2,12 @@
 // picking one reconnects the page to it (a new chat), and a turn there is answered.
 // Usage: node browser_models.js URL MODEL   (prints a JSON summary as its last line)
 "use strict";
-const fs = require("fs");
-const os = require("os");
-const path = require("path");
-const { chromium } = require("playwright-core");
+const { withPage } = require("./chromium_page");
 
 const [url, pick] = process.argv.slice(2);
 
 async function main() {
-  const userDataDir = fs.mkdtempSync(path.join(os.tmpdir(), "tokenwire-chromium-"));
-  const context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: process.env.CHROMIUM || "/usr/bin/chromium", headless: true,
-    args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"],
-  });
-  try {
-    const page = context.pages()[0] || await context.newPage();
+  await withPage(async (page) => {
     const hellos = [];  // the model each of the page's sockets was bound to
     page.on("websocket", (ws) => ws.on("framereceived", ({ payload }) => {
       const frame = JSON.parse(payload.toString());
@@ -35,10 +26,7 @@ async function main() {
     await page.waitForSelector(".msg.assistant .meta", { timeout: 120000 });
     const shown = await page.textContent("#model");
     console.log(JSON.stringify({ options, before, hellos, shown }));
-  } finally {
-    await context.close();
-    fs.rmSync(userDataDir, { recursive: true, force: true });
-  }
+  });
 }
 
 main().catch((err) => { console.error(err); process.exit(1); });

@@ -3,10 +3,7 @@
 // finish, reconnects with its session id, shows the history and takes a third turn.
 // Usage: node browser_reconnect.js URL   (prints a JSON summary as its last line)
 "use strict";
-const fs = require("fs");
-const os = require("os");
-const path = require("path");
-const { chromium } = require("playwright-core");
+const { withPage } = require("./chromium_page");
 
 const [url] = process.argv.slice(2);
 const QUESTIONS = ["What is the capital of France?", "Count from one to thirty in words.",
@@ -24,13 +21,7 @@ function waitMetas(page, n) {
 }
 
 async function main() {
-  const userDataDir = fs.mkdtempSync(path.join(os.tmpdir(), "tokenwire-chromium-"));
-  const context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: process.env.CHROMIUM || "/usr/bin/chromium", headless: true,
-    args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"],
-  });
-  try {
-    const page = context.pages()[0] || await context.newPage();
+  await withPage(async (page) => {
     const hellos = [], dones = [];  // read off the page's own sockets
     page.on("websocket", (ws) => ws.on("framereceived", ({ payload }) => {
       const frame = JSON.parse(payload.toString());
@@ -57,10 +48,7 @@ async function main() {
     }, null, { timeout: 120000 });
     const users = await page.$$eval(".msg.user", (els) => els.map((e) => e.textContent));
     console.log(JSON.stringify({ hellos, users, dones }));
-  } finally {
-    await context.close();
-    fs.rmSync(userDataDir, { recursive: true, force: true });
-  }
+  });
 }
 
 main().catch((e) => { console.error(e); process.exit(1); });

@@ -2,22 +2,12 @@
 // for a short-lived client secret, the socket opens with that, and the key is kept in no
 // storage. Usage: node browser_secret.js URL KEY   (prints a JSON summary on stdout)
 "use strict";
-const fs = require("fs");
-const os = require("os");
-const path = require("path");
-const { chromium } = require("playwright-core");
+const { withPage } = require("./chromium_page");
 
 const [url, key] = process.argv.slice(2);
 
 async function main() {
-  const userDataDir = fs.mkdtempSync(path.join(os.tmpdir(), "tokenwire-chromium-"));
-  const context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: process.env.CHROMIUM || "/usr/bin/chromium", headless: true,
-    args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-  });
-  try {
-    const page = context.pages()[0] || await context.newPage();
+  await withPage(async (page) => {
     const sockets = [];
     page.on("websocket", (ws) => sockets.push(ws.url()));
     // What an older page left behind is cleared too.
@@ -33,10 +23,9 @@ async function main() {
                                null, { timeout: 60000 });
     const storage = await page.evaluate(() => JSON.stringify({ ...localStorage, ...sessionStorage }));
     console.log(JSON.stringify({ online: true, storage, sockets }));
-  } finally {
-    await context.close();
-    fs.rmSync(userDataDir, { recursive: true, force: true });
-  }
+  }, {
+    args: ["--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  });
 }
 
 main().catch((e) => { console.error(e); process.exit(1); });
