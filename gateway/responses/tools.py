@@ -7,16 +7,14 @@ from gateway.errors import RequestError
 from gateway.responses.request import CreateRequest, invalid
 from gateway.runtime import Runtime
 from gateway.tools.parser import ToolCall
-from gateway.tools.plan import FunctionDef, ToolPlan, for_request
+from gateway.tools.plan import FunctionDef, ToolPlan, for_request, nested_choice
 
 
 def tool_plan(rt: Runtime, req: CreateRequest) -> ToolPlan | None:
     """The plan for `req`'s tools (None: no tools shown); a 400 names the field."""
     tools = [(t.type, FunctionDef(t.name, t.description, t.parameters, t.strict))
              for t in req.tools or ()]
-    choice = req.tool_choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
-        choice = {"type": "function", "function": {"name": choice["name"]}}
+    choice = nested_choice(req.tool_choice)
     text_format = req.text.format if req.text is not None else None
     fmt = "text.format" if text_format is not None and text_format.type != "text" else None
     try:
