@@ -16,7 +16,7 @@ import msgspec
 from gateway.errors import RequestError
 from gateway.params import ParamError, check_schema
 from gateway.tools.fallback import render
-from gateway.tools.formats import HERMES, ToolFormat, call_arguments, format_for_template
+from gateway.tools.formats import HERMES, ToolFormat, call_arguments, format_for_model
 from gateway.tools.parser import CallParser
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -102,8 +102,7 @@ def for_model(config, model, functions: list[FunctionDef] | None, choice,
     """`plan` for the served model: its template's syntax (or --tool-call-parser) and the
     gateway's limits (config: GatewayConfig; model: scheduler.models.ModelSlot)."""
     limits = ToolLimits(config.max_tools, config.max_schema_bytes, config.max_schema_depth)
-    fmt = format_for_template(model.chat_template if model.supports_tools else None,
-                              config.tool_call_parser)
+    fmt = format_for_model(model, config.tool_call_parser)
     return plan(functions, choice, parallel, native=model.supports_tools, fmt=fmt,
                 limits=limits)
 
