@@ -190,9 +190,7 @@ class ModelRegistry:
     async def _unload(self, slot: ModelSlot) -> None:
         if not slot.loaded and slot.state != FAILED:
             return
-        timer = self._timers.pop(slot, None)
-        if timer is not None:
-            timer.cancel()
+        self._cancel_idle_unload(slot)
         await slot.unload()
         _return_memory()
         log.info("model %s unloaded", slot.name)
@@ -200,6 +198,9 @@ class ModelRegistry:
     # -- keep-alive ------------------------------------------------------------------------
     def _touch(self, slot: ModelSlot) -> None:
         self._last_used[slot] = time.monotonic()
+        self._cancel_idle_unload(slot)
+
+    def _cancel_idle_unload(self, slot: ModelSlot) -> None:
         timer = self._timers.pop(slot, None)
         if timer is not None:
             timer.cancel()
