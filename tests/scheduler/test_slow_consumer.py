@@ -25,7 +25,7 @@ SLOW_STREAMS = 8  # the gateway's default in-flight limit per socket
 LONG_ID = "s" * 120  # long ids (128 characters at most) make delta frames large, so
 #                      the stalled socket's buffers fill within a few dozen frames
 SERVER_BUFFER = 4096  # the slow socket's server-side buffers (a constrained link)
-ROUNDS = 3
+ROUNDS = 5  # the median of five rounds outvotes two spoiled by a neighbour (CI saw 2 of 3)
 
 
 async def test_slow_reader_does_not_hurt_others_and_costs_constant_memory(server):
