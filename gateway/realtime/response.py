@@ -24,6 +24,7 @@ from engine.outputs import RequestOutput
 from gateway.realtime import server
 from gateway.realtime.conversation import new_id
 from gateway.stream import Stream
+from gateway.tools.events import function_call_events
 from gateway.tools.parser import ToolCall
 from gateway.tools.plan import ToolPlan
 
@@ -180,14 +181,7 @@ class Response:
             where = {"response_id": self.id, "output_index": len(self.outputs)}
             ids = {"item_id": item["id"], "call_id": call.id}
             self.outputs.append(item)
-            events += [
-                server.event("response.output_item.added", **where,
-                             item={**item, "arguments": "", "status": "in_progress"}),
-                server.event("response.function_call_arguments.delta", **where, **ids,
-                             delta=call.arguments),
-                server.event("response.function_call_arguments.done", **where, **ids,
-                             name=call.name, arguments=call.arguments),
-                server.event("response.output_item.done", **where, item=item)]
+            events += function_call_events(server.event, item, where, ids)
         return events
 
     def _message_opening(self) -> list[dict]:

@@ -22,6 +22,7 @@ from gateway.responses.request import CreateRequest
 from gateway.responses.tools import call_item, tools_body
 from gateway.responses.turn import new_id
 from gateway.stream import Stream
+from gateway.tools.events import function_call_events, plain_event
 from gateway.tools.parser import ToolCall
 from gateway.tools.plan import ToolPlan
 
@@ -188,17 +189,9 @@ class ResponseShape:
             events.append(self._delta(content))
         for call in calls:
             item = call_item(call, new_id("fc"))
-            index = len(self.outputs)
+            where = {"output_index": len(self.outputs)}
             self.outputs.append(item)
-            where = {"item_id": item["id"], "output_index": index}
-            events += [
-                {"type": "response.output_item.added", "output_index": index,
-                 "item": {**item, "arguments": "", "status": "in_progress"}},
-                {"type": "response.function_call_arguments.delta", **where,
-                 "delta": call.arguments},
-                {"type": "response.function_call_arguments.done", **where,
-                 "name": call.name, "arguments": call.arguments},
-                {"type": "response.output_item.done", "output_index": index, "item": item}]
+            events += function_call_events(plain_event, item, where, {"item_id": item["id"]})
         return events
 
 
