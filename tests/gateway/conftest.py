@@ -12,6 +12,7 @@ import ssl as ssl_module
 import threading
 import time
 
+import openai
 import pytest
 import torch
 import uvloop
@@ -111,3 +112,9 @@ def server():
 def base_url(server):
     """The default app: no auth, default limits."""
     return server.start_app()
+
+
+@pytest.fixture
+def client(base_url):
+    """The openai SDK on the default app (a test file may define its own)."""
+    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)

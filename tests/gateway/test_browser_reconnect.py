@@ -12,7 +12,6 @@ from pathlib import Path
 
 from gateway.app import drain
 from gateway.sessions.store import MemorySessionStore
-from gateway.runtime import RUNTIME
 from loadtest.haproxy_process import HaproxyProcess
 
 from test_clients import CHROMIUM, TOOLS, require

@@ -24,11 +24,6 @@ METRICS = {  # docs/http-api.md's list: name (without prefix) -> Prometheus type
 }
 
 
-@pytest.fixture
-def client(base_url):
-    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-
-
 async def test_openai_chat_non_streaming(client):
     models = await client.models.list()
     model = models.data[0].id

@@ -28,11 +28,6 @@ def repeat_tolerance() -> float:
     return 2 * logprob_tolerance().each
 
 
-@pytest.fixture
-def client(base_url):
-    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-
-
 def _assert_sorted_with_chosen(token: str, logprob: float, top: list[tuple[str, float]],
                                k: int) -> None:
     values = [lp for _, lp in top]

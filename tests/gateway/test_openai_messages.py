@@ -14,11 +14,6 @@ SYSTEM = "Answer in French."
 QUESTION = "What is the color of the sky?"
 
 
-@pytest.fixture
-def client(base_url):
-    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-
-
 async def _chat(client, messages, stream: bool) -> tuple[str, int]:
     """The reply's text and its prompt's token count."""
     if not stream:

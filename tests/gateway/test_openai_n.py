@@ -13,11 +13,6 @@ import pytest
 CHAT = [{"role": "user", "content": "Tell me a short story."}]
 
 
-@pytest.fixture
-def client(base_url):
-    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-
-
 def _fresh_prompt(seed: int) -> list[int]:
     rng = random.Random(seed)  # a prompt no earlier request left in the prefix cache
     return [rng.randrange(100, 40000) for _ in range(1000)]

@@ -78,11 +78,6 @@ def _doc_table() -> dict[str, str]:
     return {name: cls for name, _, cls in rows}
 
 
-@pytest.fixture
-def client(base_url):
-    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-
-
 def test_every_sdk_parameter_is_classified_and_documented():
     assert _sdk_fields(chat) == set(CHAT_PROBES)
     assert _sdk_fields(completion) == set(COMPLETION_PROBES)

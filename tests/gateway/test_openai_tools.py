@@ -29,11 +29,6 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
 @pytest.fixture
-def client(base_url):
-    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture
 def tools_template(server):
     """The served model's tokenizer with a template that renders tools, for one test."""
     tokenizer = server.engine.tokenizer

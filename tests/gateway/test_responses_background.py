@@ -6,16 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-import pytest
-from openai import AsyncOpenAI
 
 LONG = {"model": "default", "input": "Count from 1 to 500, comma separated.",
         "temperature": 0, "background": True}
-
-
-@pytest.fixture
-def client(base_url):
-    return AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
 
 
 async def poll(client, response_id: str, timeout: float = 120.0):

@@ -28,11 +28,6 @@ async def strict(call) -> Response:
     return Response.model_validate_json(raw.http_response.text, strict=True)
 
 
-@pytest.fixture
-def client(base_url):
-    return AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-
-
 async def test_create_plain(client):
     resp = await strict(client.responses.with_raw_response.create(model="default", input="Say hello.",
                                                 **FAST))

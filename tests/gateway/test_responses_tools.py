@@ -8,7 +8,6 @@ import json
 import jsonschema
 import openai
 import pytest
-from openai import AsyncOpenAI
 
 from tests.gateway.test_responses_ws import connect, until_end
 
@@ -20,11 +19,6 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of 
           "parameters": WEATHER, "strict": True}]
 FORCED = {"type": "function", "name": "get_weather"}
 FAST = {"model": "default", "max_output_tokens": 48, "temperature": 0}
-
-
-@pytest.fixture
-def client(base_url):
-    return AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
 
 
 def _calls(output) -> list:

@@ -21,11 +21,6 @@ MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 1.0, "top_p"
 BAD_SCHEMA = {"type": "string", "pattern": "(unclosed"}
 
 
-@pytest.fixture
-def client(base_url):
-    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-
-
 def _messages(name: str, schema: dict) -> list[dict]:
     return [{"role": "user", "content": f"Give one {name} as JSON for this schema: "
                                         f"{json.dumps(schema)}"}]

@@ -7,11 +7,6 @@ import openai
 import pytest
 
 
-@pytest.fixture
-def client(base_url):
-    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-
-
 async def test_models_retrieve_answers_the_served_model(client):
     listed = (await client.models.list()).data[0]
     model = await client.models.retrieve(listed.id)

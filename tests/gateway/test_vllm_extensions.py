@@ -23,11 +23,6 @@ PERSONA_TEMPLATE = (
 
 
 @pytest.fixture
-def client(base_url):
-    return openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture
 def persona_template(server):
     tokenizer = server.engine.tokenizer
     saved, tokenizer.chat_template = tokenizer.chat_template, PERSONA_TEMPLATE
