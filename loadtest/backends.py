@@ -7,6 +7,8 @@ resend it each turn, as a chat app over HTTP does.
 """
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 
 from loadtest.datasets import Prompt, request_params
@@ -112,6 +114,9 @@ class HttpSession:
         await self.backend.post("chat", messages, prompt, record)
         if record.success:
             self.history = messages + [{"role": "assistant", "content": record.text}]
+
+    async def idle(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)  # no socket to close: the client holds the history
 
     async def close(self) -> None:
         pass

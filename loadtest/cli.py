@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "turns carry (default: --random-input-len)")
     p.add_argument("--think-time", type=float, default=d.think_time,
                    help="seconds a session waits between turns")
+    p.add_argument("--idle-gap", type=float, default=d.idle_gap,
+                   help="sessions: seconds each session's socket stays closed between turns "
+                        "(it then resumes by session id), as users who walk away and return")
     p.add_argument("--request-rate", type=float, default=d.request_rate,
                    help="requests (sessions) per second; inf sends all at once")
     p.add_argument("--burstiness", type=float, default=d.burstiness,
@@ -74,6 +77,7 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
         random_input_len=args.random_input_len, random_output_len=args.random_output_len,
         random_range_ratio=args.random_range_ratio, num_sessions=args.num_sessions,
         turns=args.turns, first_turn_len=args.first_turn_len, think_time=args.think_time,
+        idle_gap=args.idle_gap,
         request_rate=args.request_rate, burstiness=args.burstiness,
         max_concurrency=args.max_concurrency, duration=args.duration, seed=args.seed,
         allow_remote=args.allow_remote,

@@ -34,6 +34,7 @@ class LoadTestConfig:
     turns: int = 4
     first_turn_len: int | None = None  # None: like every other turn (random_input_len)
     think_time: float = 0.0
+    idle_gap: float = 0.0  # sessions: seconds with the socket closed between turns
     request_rate: float = math.inf
     burstiness: float = 1.0
     max_concurrency: int | None = None
@@ -65,6 +66,10 @@ class LoadTestConfig:
                "a positive integer")
         _check(0.0 <= self.random_range_ratio < 1.0, "random_range_ratio", "in [0, 1)")
         _check(self.think_time >= 0, "think_time", ">= 0")
+        _check(self.idle_gap >= 0, "idle_gap", ">= 0")
+        _check(not self.idle_gap or (self.dataset == "sessions" and not self.is_realtime
+                                     and not self.is_responses), "idle_gap",
+               "used only with --dataset sessions on /v1/ws or the chat endpoint")
         _check(self.request_rate > 0, "request_rate", "positive or inf")
         _check(self.burstiness > 0, "burstiness", "positive")
         _check(self.max_concurrency is None or self.max_concurrency > 0, "max_concurrency",

@@ -97,14 +97,21 @@ class Runner:
                     record = self._new_record(prompt, session=index, turn=turn)
                     await session.turn(prompt, record)
                     self._progress.update(1)
-                if self.cfg.think_time and turn + 1 < len(turns):
-                    await asyncio.sleep(self.cfg.think_time)
+                if turn + 1 < len(turns):
+                    await self._pause(session)
         except ConnectFailed as exc:
             self._new_record(turns[0], session=index, turn=0).fail(exc.code, str(exc))
             self._progress.update(len(turns))
         finally:
             if session is not None:
                 await session.close()
+
+    async def _pause(self, session) -> None:
+        """Between turns: think time with the socket open, then an idle gap with it closed."""
+        if self.cfg.think_time:
+            await asyncio.sleep(self.cfg.think_time)
+        if self.cfg.idle_gap:
+            await session.idle(self.cfg.idle_gap)
 
     def _new_record(self, prompt: Prompt, **where) -> RequestRecord:
         record = RequestRecord(prompt.prompt_len, prompt.output_len, **where)

@@ -76,6 +76,7 @@ class WsConnection:
             await self._send({"type": "cancel", "id": request_id})
 
     async def close(self) -> None:
+        self.closed = True
         await self.ws.close()
         self._reader.cancel()
 

@@ -32,10 +32,14 @@ class WsSession:
         self.backend, self.conn = backend, conn
         self.session_id = conn.hello["session_id"]
         self.has_history = False  # a turn ended with `done`: the store holds the session
+        self.lost = False  # an idle gap's resume found no session: the history is gone
 
     async def turn(self, prompt: Prompt, record: RequestRecord) -> None:
         params = request_params(prompt, self.backend.temperature, self.backend.ignore_eos)
         message = {"type": "chat", "content": prompt.text, "params": params}
+        if self.lost:
+            record.fail("session_lost", "the server did not resume the session after idling")
+            return
         while True:
             if self.conn.closed or self.conn.draining is not None:
                 try:
@@ -62,13 +66,31 @@ class WsSession:
 
     async def _reopen(self, record: RequestRecord) -> bool:
         """Replace the socket by one that resumes this session; whether it was resumed
-        (if not, the session goes on as the new one the server made). ConnectFailed once
-        the backend's connect timeout passes with no replica taking it."""
+        (if not, the session goes on as the new one the server made)."""
         old = self.conn
         await self.backend.pool.forget(old)
         if old.draining is not None:
             wait_ms = old.draining.get("reconnect_after_ms") or 0
             await asyncio.sleep(random.uniform(0.5, 1.0) * wait_ms / 1000)
+        resumed = await self._connect()
+        record.reconnects += 1
+        return resumed
+
+    async def idle(self, seconds: float) -> None:
+        """Close the socket for `seconds`, as a user who walks away, then resume the
+        session on a new one before the next turn (the client's choice: not counted as
+        a reconnect). A failed connect is left to the next turn, which retries it."""
+        await self.backend.pool.forget(self.conn)
+        await asyncio.sleep(seconds)
+        try:
+            resumed = await self._connect()
+        except ConnectFailed:
+            return
+        self.lost = self.has_history and not resumed
+
+    async def _connect(self) -> bool:
+        """A socket that resumes this session, backing off while no replica takes it;
+        whether it was resumed. ConnectFailed once the connect timeout passes."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.backend.connect_timeout_s
         backoff = FIRST_BACKOFF_S
@@ -81,7 +103,6 @@ class WsSession:
                     raise
                 await asyncio.sleep(backoff)
                 backoff = min(2 * backoff, MAX_BACKOFF_S)
-        record.reconnects += 1
         self.session_id = self.conn.hello["session_id"]
         return bool(self.conn.hello.get("resumed"))
 

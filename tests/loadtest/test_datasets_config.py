@@ -82,6 +82,16 @@ def test_config_rejects_bad_values(field, value):
         LoadTestConfig(**{field: value})
 
 
+@pytest.mark.parametrize("where", [{"idle_gap": -1.0, "dataset": "sessions"},
+                                   {"idle_gap": 1.0},  # random prompts have no turns
+                                   {"idle_gap": 1.0, "dataset": "sessions",
+                                    "url": "ws://127.0.0.1:8000/v1/realtime"}])
+def test_idle_gap_is_for_resumable_sessions(where):
+    with pytest.raises(ValueError, match="idle_gap"):
+        LoadTestConfig(**where)
+    assert LoadTestConfig(dataset="sessions", idle_gap=1.0).idle_gap == 1.0
+
+
 def test_file_dataset_needs_a_file():
     with pytest.raises(ValueError, match="prompts_file"):
         LoadTestConfig(dataset="file")

@@ -91,6 +91,22 @@ def test_msgpack_sessions_show_prefix_cache_hits_on_later_turns(tokenwire_url, t
     assert_agrees_with_server(before, after, result)
 
 
+def test_sessions_with_an_idle_gap_resume_their_history_on_a_new_socket(tokenwire_url,
+                                                                        tmp_path):
+    """--idle-gap closes each session's socket between turns; the next turn resumes the
+    session by id, so it still carries the first turn's history (a session the server
+    did not resume would fail its turn as session_lost)."""
+    before = scrape(tokenwire_url)
+    result = run_loadtest(
+        tmp_path, "idle", "--url", tokenwire_url.replace("http", "ws") + "/v1/ws",
+        "--dataset", "sessions", "--num-sessions", "2", "--turns", "2", "--idle-gap", "0.3",
+        "--random-input-len", "24", "--random-output-len", "4", "--ignore-eos")
+    assert result["completed"] == 4 and result["failed"] == 0
+    first, second = result["per_turn"]
+    assert second["mean_prompt_tokens"] > first["mean_prompt_tokens"] + 24
+    assert_agrees_with_server(before, scrape(tokenwire_url), result)
+
+
 def test_openai_http_completions_run_matches_server_metrics(tokenwire_url, tmp_path):
     before = scrape(tokenwire_url)
     result = run_loadtest(
