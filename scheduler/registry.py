@@ -20,6 +20,7 @@ import contextlib
 import gc
 import logging
 import time
+from collections.abc import Callable
 
 from scheduler.models import FAILED, READY, UNLOADED, ModelSlot
 from scheduler.policy import OVERLOADED
@@ -102,15 +103,18 @@ class ModelRegistry:
         return self._holds[slot]
 
     # -- holding ---------------------------------------------------------------------------
-    async def hold(self, slot: ModelSlot) -> None:
+    async def hold(self, slot: ModelSlot, on_load: Callable[[], None] | None = None) -> None:
         """Hold `slot` loaded, loading it (or joining its load) first; ModelUnavailable
         when it cannot load, Rejected (overloaded) when too many wait for its load. Every
-        hold, even a refused one, ends with release(slot)."""
+        hold, even a refused one, ends with release(slot). `on_load` runs once the hold
+        is taken if it must wait for a load (a client told its request waits)."""
         self._holds[slot] += 1
         if not slot.loaded and self._holds[slot] > self.max_load_waiters:
             raise Rejected(OVERLOADED, self.retry_after_ms, f"model {slot.name!r} is "
                            f"loading and {self.max_load_waiters} requests wait for it")
         self._touch(slot)
+        if on_load is not None and not slot.loaded and slot.state != FAILED:
+            on_load()
         await self.ensure_loaded(slot)
 
     def release(self, slot: ModelSlot) -> None:
