@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
 
@@ -43,23 +42,20 @@ def served_name(source: str) -> str:
 class ModelSlot:
     """One model: an engine the caller started (`engine`, owned by the caller) or one
     built from `config` (loaded in a thread by `load()`, stopped by `stop()`). `on_ready`
-    runs once the engine is ready and `while_loading()` is held around a load (the entry
-    point's process-wide settings: the garbage collector's). `name` is the
+    runs once the engine is ready (the entry point's process-wide settings). `name` is the
     name requests route by (None: the engine's own, known once loaded); `keep_alive_s`:
     idle seconds before the registry unloads it (0: after each request, -1: never);
     `preload`: loaded at start rather than on first use."""
 
     def __init__(self, engine: AsyncEngine | None = None, config: EngineConfig | None = None,
                  on_ready: Callable[[], None] | None = None, *, name: str | None = None,
-                 keep_alive_s: float = -1, preload: bool = True,
-                 while_loading: Callable[[], AbstractContextManager] | None = None):
+                 keep_alive_s: float = -1, preload: bool = True):
         if (engine is None) == (config is None):
             raise ValueError("give exactly one of engine or config")
         self._engine: AsyncEngine | None = None
         self._config = config
         self._given = engine
         self._on_ready = on_ready
-        self._while_loading = while_loading or contextlib.nullcontext
         self._name = name
         self.keep_alive_s = keep_alive_s
         self.preload = preload
@@ -88,9 +84,8 @@ class ModelSlot:
         self.state, self.reason = LOADING, "model loading"
         before = _rss()  # after the engine's code is imported: that is not this model's
         try:
-            with self._while_loading():
-                engine = await asyncio.to_thread(AsyncEngine, self._config)
-                await engine.start()
+            engine = await asyncio.to_thread(AsyncEngine, self._config)
+            await engine.start()
         except Exception as exc:  # noqa: BLE001 - reported by /health and /ready
             log.exception("model %s failed to load", self._name or self._config.model)
             self.state, self.reason = FAILED, f"model failed to load: {exc}"

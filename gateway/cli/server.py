@@ -8,16 +8,12 @@ with status 1 so that its supervisor restarts it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import os
 import re
 import signal
 import ssl
-import sys
-
-from collections.abc import Iterator
 
 from aiohttp import web
 
@@ -44,12 +40,6 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-# The GIL's switch interval while a model loads (Python's default: 5 ms). A load runs
-# pure Python for seconds (a GGUF's metadata parsed field by field); an engine thread
-# takes the GIL back after each of the hundreds of torch calls in a step, and each time
-# waits out the loader's interval: at 5 ms a step stretched from ~170 ms to ~1 s.
-LOADING_SWITCH_INTERVAL_S = 0.0005
-
 # Seconds of the drain's grace kept for the process's exit (see serve).
 EXIT_RESERVE_S = 0.25
 
@@ -67,29 +57,6 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Hold the garbage collector off while a model loads, then freeze what the load made.
-
-    A load allocates ~1M objects that live as long as the model (a GGUF's 262k-token
-    vocabulary is parsed field by field): with the collector on, every full collection
-    walks all of them with the GIL held, each longer than the last, stalling the event
-    loop and the other models' engines (0.5 to 1.5 s at a time with Gemma 3 270M,
-    docs/models.md). Loads run one at a time; garbage cycles made meanwhile are kept
-    frozen until a model unloads (the registry then collects everything). Not for the
-    default model's load at start: nothing streams yet, and its heap is collected then
-    frozen once it is ready (freeze_startup_heap)."""
-    gc.disable()
-    switch_s = sys.getswitchinterval()
-    sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(switch_s)
-        gc.freeze()
-        gc.enable()
-
-
 async def serve(config: GatewayConfig, specs: list[ModelSpec], sched_cfg: SchedulerConfig,
                 store_cfg: SessionStoreConfig, tls: ssl.SSLContext | None = None,
                 memory_budget: int | None = None) -> int:
@@ -98,8 +65,7 @@ async def serve(config: GatewayConfig, specs: list[ModelSpec], sched_cfg: Schedu
     The startup heap is frozen once the default model is ready."""
     model, *others = [ModelSlot(config=s.engine, name=s.name, keep_alive_s=s.keep_alive_s,
                                 preload=s.preload,
-                                on_ready=freeze_startup_heap if i == 0 else None,
-                                while_loading=None if i == 0 else collector_paused)
+                                on_ready=freeze_startup_heap if i == 0 else None)
                       for i, s in enumerate(specs)]
     log.info("sessions in %s", re.sub(r"//[^@/]*@", "//", store_cfg.url))  # no password
     scheduler = Scheduler(sched_cfg, model, others=tuple(others), memory_budget=memory_budget)
