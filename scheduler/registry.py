@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from scheduler.models import FAILED, READY, UNLOADED, ModelSlot
+from scheduler.models import FAILED, READY, ModelSlot
 from scheduler.policy import OVERLOADED
 from scheduler.ticket import Rejected
 

