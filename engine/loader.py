@@ -124,9 +124,11 @@ def _load_gguf(path: Path, name: str, device, dtype) -> LoadedModel:
     from engine.quant.gguf_file import read_gguf_weights
     from engine.quant.weights import QuantWeight
 
-    config, tokenizer = _config_and_tokenizer(_gguf_meta_dir(path))
+    meta_dir = _gguf_meta_dir(path)
+    config, tokenizer = _config_and_tokenizer(meta_dir)
     try:
-        weights = read_gguf_weights(path, config.num_heads, config.num_kv_heads)
+        weights = read_gguf_weights(path, config.num_heads, config.num_kv_heads,
+                                    _tensor_index(path, meta_dir))
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot read weights from {path}: {exc}") from exc
     if not (device.type == "cpu" and dtype == torch.float32):  # packed kernels: CPU fp32
@@ -167,6 +169,27 @@ def _gguf_meta_dir(path: Path) -> Path:
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def convert_once(spec: str) -> None:
+    """Do now what the first load of a GGUF model (`spec` as load_model takes it) does once:
+    its config, tokenizer and tensor index written into the cache. A load after reads them
+    from there; a test or a deploy that times loads warms the cache with this."""
+    path = gguf_source(spec)
+    if path is not None:
+        _tensor_index(path, _gguf_meta_dir(path))
+
+
+def _tensor_index(path: Path, meta_dir: Path) -> dict:
+    """The GGUF's tensor directory, kept in its meta dir from the first load on (a later
+    load then skips parsing the metadata: engine.quant.gguf_index)."""
+    from engine.quant.gguf_index import build_index, load_index, save_index
+
+    index = load_index(meta_dir)
+    if index is None:
+        index = build_index(path)
+        save_index(index, meta_dir)
+    return index
 
 
 def _gguf_adds_bos(path: Path) -> bool:

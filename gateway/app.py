@@ -4,8 +4,9 @@
       cleanup_ctx, one per resource, started in this order and stopped in reverse:
         store      closed last (the app owns the store it is given)
         scheduler  admission and NVML sampling; refuses what is still queued on stop
-        model      loaded in the background (/health and /ready answer meanwhile), stopped
-        watcher    marks the model failed once its engine dies
+        model      loaded in the background (/health and /ready answer meanwhile), stopped;
+                   the registry marks a model failed once its engine dies (for the
+                   default: /health and /ready 503, the entry point exits for a restart)
       on_shutdown: close every open socket (1012 after a drain, else 1001)
     drain(app): /ready -> 503, `draining` to every socket, in-flight work finishes up to
                 drain_timeout_s, the rest is cancelled, sockets close with 1012; all done
@@ -55,7 +56,7 @@ def build_app(config: GatewayConfig, scheduler: Scheduler,
     app = web.Application(client_max_size=config.max_message_bytes,
                           middlewares=[openai.v1_errors])
     app[RUNTIME] = rt
-    app.cleanup_ctx.extend([_store, _scheduler, _model, _watcher])
+    app.cleanup_ctx.extend([_store, _scheduler, _model])
     app.on_shutdown.append(close_sockets)
     _routes(app.router)
     responses.setup(app)
@@ -110,7 +111,7 @@ async def _model(app: web.Application):
     engine the caller started is ready before the listener opens), then the other models
     configured to preload; the rest load on first use."""
     models = app[RUNTIME].scheduler.models
-    loading = app[_LOADING] = asyncio.create_task(models.preload(models.default))
+    loading = asyncio.create_task(models.preload(models.default))
     if models.default.given:
         await loading
     others = asyncio.create_task(_preload_others(models, loading))
@@ -127,23 +128,6 @@ async def _preload_others(models, default_loading: asyncio.Task) -> None:
     for slot in models.slots[1:]:
         if slot.preload:
             await models.preload(slot)
-
-
-async def _watcher(app: web.Application):
-    """Once the engine's loop dies the model turns failed: /health and /ready answer 503
-    and the entry point exits for a restart."""
-    model = app[RUNTIME].model
-
-    async def watch() -> None:
-        await app[_LOADING]
-        await model.watch()
-
-    task = asyncio.create_task(watch())
-    yield
-    task.cancel()
-
-
-_LOADING = web.AppKey("model_loading", asyncio.Task)
 
 
 # -- graceful drain ------------------------------------------------------------------------

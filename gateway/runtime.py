@@ -102,12 +102,25 @@ class Runtime:
         await _hold(models, slot, request_id)
         return slot
 
+    def request_context(self, name: str | None, request_id: str) -> contextvars.Context:
+        """A copy of this task's context for a request's own task, bound to the model
+        `name` routes to (None or "": this task's model, a socket's); a RequestError
+        model_not_found as select_model's."""
+        context = contextvars.copy_context()
+        if name:
+            context.run(self.select_model, name, request_id)
+        return context
+
     @contextlib.asynccontextmanager
-    async def using_model(self, request_id: str | None = None) -> AsyncIterator[ModelSlot]:
-        """hold_model for a block rather than the task's life."""
+    async def using_model(self, request_id: str | None = None,
+                          on_load: Callable[[ModelSlot], None] | None = None
+                          ) -> AsyncIterator[ModelSlot]:
+        """hold_model for a block rather than the task's life; `on_load(model)` runs when
+        the hold must wait for the model to load."""
         slot, models = self.model, self.scheduler.models
         try:
-            await _hold(models, slot, request_id)
+            await _hold(models, slot, request_id,
+                        None if on_load is None else lambda: on_load(slot))
             yield slot
         finally:
             models.release(slot)
@@ -181,11 +194,12 @@ def _kind(stream: Stream) -> str:
     return "chat" if stream.kind == "chat" else "generate"
 
 
-async def _hold(models: ModelRegistry, slot: ModelSlot, request_id: str | None) -> None:
+async def _hold(models: ModelRegistry, slot: ModelSlot, request_id: str | None,
+                on_load: Callable[[], None] | None = None) -> None:
     """ModelRegistry.hold, its refusals as RequestErrors: model_unavailable (the loader's
     error), overloaded (too many waiting for the load)."""
     try:
-        await models.hold(slot)
+        await models.hold(slot, on_load)
     except ModelUnavailable as exc:
         raise RequestError(exc.code, str(exc), request_id) from None
     except Rejected as exc:

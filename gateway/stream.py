@@ -41,7 +41,7 @@ class Stream:
     __slots__ = ("id", "engine_id", "kind", "received", "admitted", "first_written",
                  "last_written", "pending", "shaper", "queued", "last_delta_tokens",
                  "text_parts", "prompt_tokens", "cached_tokens", "completion_tokens",
-                 "finish_reason", "error", "cancel_requested", "task", "logprobs")
+                 "finish_reason", "error", "cancel_requested", "task", "logprobs", "model")
 
     def __init__(self, request_id: str, engine_id: str, kind: str,
                  shaper: Shaper | None = None):
@@ -65,6 +65,7 @@ class Stream:
         self.cancel_requested = False  # the client (or a drain) asked to end it
         self.task: asyncio.Task | None = None
         self.logprobs = False  # the request asked for log-probabilities
+        self.model = None  # the ModelSlot it runs on, once held (its tokens' texts)
 
     @property
     def text(self) -> str:

@@ -65,7 +65,6 @@ class ModelSlot:
         self.loads = 0
         self._max_model_len: int | None = None  # kept once known: a socket's hello shows it
         self.dead = asyncio.Event()  # set once a ready engine died
-        self.dead = asyncio.Event()  # set once a ready engine died
         # Templates and tokenization run here, off the event loop. One thread: a fast
         # tokenizer's encode is not safe from several threads at once (it sets its
         # truncation state per call), and one bounded job at a time keeps a huge prompt

@@ -11,7 +11,8 @@ idle models other than the default (it is what /ready reports) are unloaded unti
 model's footprint fits `memory_budget` (its footprint
 as measured at its last load; a model never loaded is taken to be as large as the
 largest measured). A model that fails to load stays failed, answering its requests with
-the loader's error, until an explicit load (POST /v1/models/{name}/load) retries it.
+the loader's error, until an explicit load (POST /v1/models/{name}/load) retries it; so
+does a loaded model whose engine dies (every loaded engine is watched).
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ import contextlib
 import gc
 import logging
 import time
+from collections.abc import Callable
 
-from scheduler.models import FAILED, READY, UNLOADED, ModelSlot
+from scheduler.models import FAILED, READY, ModelSlot
 from scheduler.policy import OVERLOADED
 from scheduler.ticket import Rejected
 
@@ -71,6 +73,7 @@ class ModelRegistry:
         self._load_lock = asyncio.Lock()
         self._went_idle = asyncio.Event()  # set when a hold ends (a load over budget waits)
         self._tasks: set[asyncio.Task] = set()  # the keep-alive unloads under way
+        self._watchers: dict[ModelSlot, asyncio.Task] = {}  # each loaded engine's death
 
     @property
     def default(self) -> ModelSlot:
@@ -102,15 +105,18 @@ class ModelRegistry:
         return self._holds[slot]
 
     # -- holding ---------------------------------------------------------------------------
-    async def hold(self, slot: ModelSlot) -> None:
+    async def hold(self, slot: ModelSlot, on_load: Callable[[], None] | None = None) -> None:
         """Hold `slot` loaded, loading it (or joining its load) first; ModelUnavailable
         when it cannot load, Rejected (overloaded) when too many wait for its load. Every
-        hold, even a refused one, ends with release(slot)."""
+        hold, even a refused one, ends with release(slot). `on_load` runs once the hold
+        is taken if it must wait for a load (a client told its request waits)."""
         self._holds[slot] += 1
         if not slot.loaded and self._holds[slot] > self.max_load_waiters:
             raise Rejected(OVERLOADED, self.retry_after_ms, f"model {slot.name!r} is "
                            f"loading and {self.max_load_waiters} requests wait for it")
         self._touch(slot)
+        if on_load is not None and not slot.loaded and slot.state != FAILED:
+            on_load()
         await self.ensure_loaded(slot)
 
     def release(self, slot: ModelSlot) -> None:
@@ -141,9 +147,10 @@ class ModelRegistry:
         self._schedule_idle_unload(slot)
 
     async def load(self, slot: ModelSlot) -> None:
-        """Load now (POST .../load): a failed model is retried."""
+        """Load now (POST .../load): a failed model is retried (a dead engine stopped and
+        dropped first)."""
         if slot.state == FAILED and not slot.given:
-            slot.state, slot.reason = UNLOADED, "model not loaded"
+            await self._unload(slot)
         self._touch(slot)
         await self.ensure_loaded(slot)
         self._schedule_idle_unload(slot)
@@ -161,6 +168,20 @@ class ModelRegistry:
                 return
             await self._make_room(slot)
             await slot.load()
+            if slot.loaded:
+                self._watch(slot)
+
+    def _watch(self, slot: ModelSlot) -> None:
+        """Mark the model failed once its engine dies (ModelSlot.watch): its requests are
+        answered model_unavailable, the others serve on, a load retries it."""
+        task = self._watchers[slot] = asyncio.get_running_loop().create_task(slot.watch())
+        task.add_done_callback(lambda _: self._watch_ended(slot, task))
+
+    def _watch_ended(self, slot: ModelSlot, task: asyncio.Task) -> None:
+        if self._watchers.get(slot) is task:
+            del self._watchers[slot]
+        if slot.state == FAILED:
+            log.error("model %s failed: %s", slot.name, slot.reason)
 
     async def _make_room(self, slot: ModelSlot) -> None:
         """Unload idle models, least recently used first, until `slot` fits the budget;
@@ -191,6 +212,11 @@ class ModelRegistry:
         if not slot.loaded and slot.state != FAILED:
             return
         self._cancel_idle_unload(slot)
+        watcher = self._watchers.pop(slot, None)
+        if watcher is not None:  # a clean stop is no death; and its frame holds the engine
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
         await slot.unload()
         _return_memory()
         log.info("model %s unloaded", slot.name)
@@ -222,7 +248,7 @@ class ModelRegistry:
             await self._unload(slot)
 
     async def stop(self) -> None:
-        for task in [*self._loads.values(), *self._tasks]:
+        for task in [*self._loads.values(), *self._tasks, *self._watchers.values()]:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import torch
 
+from engine.quant.gguf_index import build_index, map_tensors
 from engine.quant.layout import FORMATS
 from engine.quant.weights import QuantWeight
 
@@ -26,22 +27,23 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
               "output": "lm_head"}
 
 
-def read_gguf_weights(path, num_heads: int, num_kv_heads: int) -> dict:
-    """{HF name: tensor or QuantWeight}. Packed bytes are copied out of the file's map."""
-    from gguf import GGUFReader
+def read_gguf_weights(path, num_heads: int, num_kv_heads: int, index: dict | None = None
+                      ) -> dict:
+    """{HF name: tensor or QuantWeight}. Packed bytes are copied out of the file's map.
+    `index`: the file's tensor directory (engine.quant.gguf_index), else read from it."""
     from gguf.quants import dequantize
 
-    reader = GGUFReader(path)
-    architecture = _field(reader, "general.architecture")
+    architecture, tensors = map_tensors(path, index or build_index(path))
     permute = architecture == "llama"
     weights = {}
-    for t in reader.tensors:
-        name = hf_name(t.name, _GEMMA3_LAYER_NAMES if architecture == "gemma3" else _LAYER_NAMES)
-        kind = t.tensor_type.name
+    for gguf_name, qtype, dims, data in tensors:
+        name = hf_name(gguf_name, _GEMMA3_LAYER_NAMES if architecture == "gemma3"
+                       else _LAYER_NAMES)
+        kind = qtype.name
         if kind in FORMATS:
-            value = QuantWeight.from_blocks(np.asarray(t.data), kind, int(t.shape[0]))
+            value = QuantWeight.from_blocks(np.asarray(data), kind, dims[0])
         else:
-            value = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), np.float32))
+            value = torch.from_numpy(np.array(dequantize(data, qtype), np.float32))
         if permute and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = num_heads if ".q_proj" in name else num_kv_heads
             value = _take_rows(value, _unpermute_index(_rows(value), heads))
@@ -72,8 +74,3 @@ def _rows(value) -> int:
 
 def _take_rows(value, index: torch.Tensor):
     return value.rows(index) if isinstance(value, QuantWeight) else value[index].contiguous()
-
-
-def _field(reader, key: str):
-    field = reader.fields.get(key)
-    return None if field is None else bytes(field.parts[field.data[0]]).decode()

@@ -79,6 +79,9 @@ class RealtimeProtocol:
     def error_frame(self, exc: RequestError) -> dict:
         return server.error(exc.code, exc.message, exc.request_id, exc.param)
 
+    def loading_frame(self, stream: Stream, model: str) -> None:
+        return None  # OpenAI's Realtime API has no such event: the response waits
+
     def put(self, frame: dict) -> None:
         self.core.outbox.put(frame)
 

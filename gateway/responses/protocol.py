@@ -84,6 +84,9 @@ class ResponsesProtocol:
                                         f"after {reconnect_after_ms} ms and continue the "
                                         "chain with previous_response_id"))
 
+    def loading_frame(self, stream: Stream, model: str) -> None:
+        return None  # OpenAI's Responses events have none: the response waits
+
     def handle(self, data: bytes | str) -> None:
         lane = None
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
 from typing import TYPE_CHECKING, Protocol
@@ -47,6 +48,10 @@ class WireProtocol(Protocol):
 
     def error_frame(self, exc: RequestError) -> dict:
         """A request-level error as this protocol's frame."""
+
+    def loading_frame(self, stream: Stream, model: str) -> dict | None:
+        """The frame that tells the client `stream` waits for `model` to load (None: the
+        protocol has none)."""
 
 
 class SocketCore:
@@ -103,10 +108,11 @@ class SocketCore:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- requests and background work ------------------------------------------------------
-    def start(self, stream: Stream, coro) -> None:
-        """Run a request's coroutine as its own task, registered under its client id."""
+    def start(self, stream: Stream, coro, context: contextvars.Context | None = None) -> None:
+        """Run a request's coroutine as its own task, registered under its client id, in
+        `context` (Runtime.request_context: the request's model) or a copy of this one."""
         self.streams[stream.id] = stream
-        stream.task = asyncio.create_task(coro)
+        stream.task = asyncio.create_task(coro, context=context)
         stream.task.add_done_callback(self._task_ended)
 
     def new_engine_id(self) -> str:

@@ -1,6 +1,8 @@
 """A request on a socket, whatever its wire format: render, admit, stream, done.
 
     rt.check_door(...)         -> refused at once if even an empty prompt would be
+    rt.using_model(...)        -> its model held loaded (the protocol's loading frame first
+                                  when it must load)
     render(stream, max_tokens) -> prompt ids (None: the request was answered already)
     rt.admit(...)              -> an engine slot, or a RequestError (overloaded, ...)
     admission.generate(...)    -> each output folded into the stream, its delta queued
@@ -38,8 +40,9 @@ async def run_request(core: SocketCore, stream: Stream, render: Render,
         admission = None
         try:
             core.rt.check_door(stream, params.priority, core, owner)
-            # The socket's model, held loaded until the request ends (released last).
-            await held.enter_async_context(core.rt.using_model(stream.id))
+            # The request's model, held loaded until the request ends (released last).
+            stream.model = await held.enter_async_context(
+                core.rt.using_model(stream.id, lambda model: _loading(core, stream, model)))
             prompt = await render(stream, params.max_tokens)
             if prompt is None:
                 return
@@ -68,6 +71,13 @@ async def run_request(core: SocketCore, stream: Stream, render: Render,
             if admission is not None:
                 admission.release(stream.completion_tokens, stream.finish_reason)
             core.streams.pop(stream.id, None)
+
+
+def _loading(core: SocketCore, stream: Stream, model) -> None:
+    """Tell the client its request waits for its model's load (where its protocol can)."""
+    frame = core.protocol.loading_frame(stream, model.name)
+    if frame is not None:
+        core.outbox.put(frame)
 
 
 def _failed(core: SocketCore, stream: Stream, exc: Exception,

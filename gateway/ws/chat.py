@@ -42,9 +42,10 @@ class ChatTurn:
             raise RequestError("busy", f"chat turn {session.active_turn!r} is still running "
                                "in this session", msg.id)
         params = protocol.params(msg.id, session.params, msg.params)
+        context = protocol.request_context(msg)
         session.begin_turn(msg.id, msg.content)
         turn = cls(protocol, stream)
-        protocol.core.start(stream, turn.run(params))
+        protocol.core.start(stream, turn.run(params), context)
 
     async def run(self, params) -> None:
         core = self.protocol.core

@@ -23,10 +23,17 @@ class _Msg(msgspec.Struct, forbid_unknown_fields=True):
     type: str
 
 
+class RequestParams(Params, kw_only=True, forbid_unknown_fields=True):
+    """A chat or generate frame's `params`: the sampling fields, and `model`, the served
+    model this one request runs on (None: the socket's)."""
+
+    model: str | None = None
+
+
 class Chat(_Msg):
     id: str
     content: str
-    params: Params | None = None
+    params: RequestParams | None = None
 
 
 class Message(msgspec.Struct, forbid_unknown_fields=True):
@@ -38,7 +45,7 @@ class Generate(_Msg):
     id: str
     prompt: str | list[int] | None = None
     messages: list[Message] | None = None
-    params: Params | None = None
+    params: RequestParams | None = None
 
 
 class Cancel(_Msg):

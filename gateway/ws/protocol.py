@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 
 from gateway import params as wire
@@ -77,7 +78,7 @@ class V1Protocol:
         frame = {"type": "delta", "id": stream.id, "text": out.delta_text,
                  "n": len(out.new_token_ids)}
         if stream.logprobs:
-            frame["logprobs"] = ws_entries(out.logprobs or [], self.rt.model.token_text)
+            frame["logprobs"] = ws_entries(out.logprobs or [], stream.model.token_text)
         return frame
 
     def done_frame(self, stream: Stream, now: float) -> dict:
@@ -96,6 +97,9 @@ class V1Protocol:
     def error_frame(self, exc: RequestError) -> dict:
         return f.error_frame(exc)
 
+    def loading_frame(self, stream: Stream, model: str) -> dict:
+        return {"type": "loading", "id": stream.id, "model": model}
+
     # -- client messages -----------------------------------------------------------------
     def params(self, request_id: str | None, *layers: wire.Params | dict | None):
         """SamplingParams from the layers; a refusal names `params.FIELD`."""
@@ -104,6 +108,12 @@ class V1Protocol:
         except wire.ParamError as exc:
             raise RequestError("invalid_request", f"params.{exc.field}: {exc.problem}",
                                request_id, param=exc.field) from None
+
+    def request_context(self, msg: f.Chat | f.Generate) -> contextvars.Context:
+        """The context a request's task runs in, bound to `params.model` (none: the
+        socket's model); an unknown model is refused (model_not_found) here, before
+        anything starts."""
+        return self.rt.request_context(msg.params and msg.params.model, msg.id)
 
     def new_stream(self, request_id: str, kind: str) -> Stream:
         if self.rt.status == "draining":
@@ -120,6 +130,7 @@ class V1Protocol:
     def _on_generate(self, msg: f.Generate) -> None:
         stream = self.new_stream(msg.id, "generate")
         params = self.params(msg.id, msg.params)
+        context = self.request_context(msg)
         limit = self.rt.config.max_conversation_items
         if msg.messages is not None and len(msg.messages) > limit:
             raise RequestError("too_large", f"messages: at most {limit} messages "
@@ -128,9 +139,9 @@ class V1Protocol:
             prompt = [f.message_dict(i, m.role, m.content) for i, m in enumerate(msg.messages)]
         else:
             prompt = msg.prompt
-        model = self.rt.model
 
         async def render(stream: Stream, _max_tokens: int) -> list[int]:
+            model = self.rt.model  # the request's (its task's context)
             if isinstance(prompt, str):
                 return await self.rt.tokenize(lambda: model.encode(prompt), stream.id)
             if prompt and isinstance(prompt[0], dict):
@@ -138,7 +149,7 @@ class V1Protocol:
             return prompt
 
         self.core.start(stream, run_request(self.core, stream, render, params,
-                                            self.session.owner, self.put_error))
+                                            self.session.owner, self.put_error), context)
 
     def _on_cancel(self, msg: f.Cancel) -> None:
         stream = self.core.streams.get(msg.id)

@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize
 
 from engine.quant.gguf_file import _unpermute_index, read_gguf_weights
+from engine.quant.gguf_index import build_index, load_index, save_index
 from engine.quant.weights import QuantWeight, cat_rows
 from tests.kernels.quant_blocks import gguf_blocks
 
@@ -68,3 +69,21 @@ def test_a_mixed_qkv_stays_packed(gguf_file):
     qkv = cat_rows(parts)
     assert isinstance(qkv, QuantWeight) and qkv.fmt == "Q4_K+Q6_K"
     assert torch.equal(qkv.dequantize(), torch.cat([p.dequantize() for p in parts]))
+
+
+def test_a_saved_tensor_index_maps_the_same_weights(gguf_file, tmp_path):
+    """Read through the saved directory (no metadata parse), every tensor is the one the
+    file's own reader gives; a directory that points past the file's end is refused."""
+    path = gguf_file[0]
+    save_index(build_index(path), tmp_path)
+    index = load_index(tmp_path)
+    direct, mapped = read_gguf_weights(path, HEADS, HEADS), \
+        read_gguf_weights(path, HEADS, HEADS, index)
+    assert direct.keys() == mapped.keys()
+    for name, w in direct.items():
+        dense = w.dequantize() if isinstance(w, QuantWeight) else w
+        other = mapped[name].dequantize() if isinstance(w, QuantWeight) else mapped[name]
+        assert torch.equal(dense, other), name
+    index["tensors"][0][3] = path.stat().st_size - 8
+    with pytest.raises(ValueError, match="ends before its data"):
+        read_gguf_weights(path, HEADS, HEADS, index)

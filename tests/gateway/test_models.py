@@ -167,6 +167,36 @@ async def test_a_session_remembers_its_model(small):
     assert again["resumed"] and again["model"] == "b"
 
 
+async def test_a_ws_request_runs_on_its_params_model_after_a_loading_frame(small):
+    """On a socket of the default model, `params.model` routes one request: `b`, unloaded,
+    answers `loading` before its tokens; an unknown model is refused by name."""
+    async with aiohttp.ClientSession() as s, s.post(small + "/v1/models/b/unload") as r:
+        assert r.status == 200
+    loads = (await _cards(small))["b"]["loads"]
+    async with websockets.connect(small.replace("http", "ws") + "/v1/ws") as ws:
+        assert json.loads(await ws.recv())["model"] == "a"
+        for request_id, model in (("on-b", "b"), ("on-a", None), ("nope", "nope")):
+            params = {"max_tokens": 4, "ignore_eos": True, "logprobs": 1}
+            await ws.send(json.dumps({"type": "generate", "id": request_id, "prompt": "Hi",
+                                      "params": {**params, "model": model}}))
+        frames: dict[str, list[dict]] = {}
+        while len([f for fs in frames.values() for f in fs if f["type"] in ("done", "error")]) < 3:
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            frames.setdefault(frame["id"], []).append(frame)
+    loading, *deltas, done = frames["on-b"]
+    assert loading == {"type": "loading", "id": "on-b", "model": "b"}  # before its tokens
+    assert {f["type"] for f in deltas} == {"delta"} and done["type"] == "done"
+    assert sum(f["n"] for f in deltas) == 4 == done["usage"]["completion_tokens"]
+    assert all(len(f["logprobs"]) == f["n"] for f in deltas)  # b's tokenizer names them
+    assert [f["type"] for f in frames["on-a"]][-1] == "done"  # a is loaded: no loading
+    assert "loading" not in [f["type"] for f in frames["on-a"]]
+    (refusal,) = frames["nope"]
+    assert refusal["type"] == "error" and refusal["code"] == "model_not_found"
+    assert "'a', 'b', 'broken'" in refusal["message"]
+    card = (await _cards(small))["b"]
+    assert card["state"] == "loaded" and card["loads"] == loads + 1
+
+
 async def test_unknown_model_is_refused_on_every_endpoint(small):
     client = _client(small)
     calls = [client.chat.completions.create(model="nope", max_tokens=2,

@@ -1,14 +1,16 @@
 """ModelRegistry over real engines (dummy:tiny on CPU): shared loads, the bound on load
-waiters, keep-alive 0, and a held model never unloaded."""
+waiters, keep-alive 0, a held model never unloaded, and a model whose engine dies."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
+from engine import SamplingParams
+from engine.async_engine import AbortRequest
 from engine.config import EngineConfig
 from scheduler.models import ModelSlot
-from scheduler.registry import ModelBusy, ModelRegistry
+from scheduler.registry import ModelBusy, ModelRegistry, ModelUnavailable
 from scheduler.ticket import Rejected
 
 pytestmark = pytest.mark.usefixtures("cpu_kernels")
@@ -38,5 +40,33 @@ async def test_waiters_share_one_load_and_too_many_are_refused():
                 break
             await asyncio.sleep(0.02)
         assert models.state(b) == "unloaded"
+    finally:
+        await models.stop()
+
+
+async def test_a_model_whose_engine_dies_fails_alone_until_a_load_retries_it():
+    a, b = _slot("a", preload=True), _slot("b")
+    models = ModelRegistry([a, b])
+    try:
+        await models.load(a)
+        await models.load(b)
+        dead = b.engine()
+
+        def boom():
+            raise RuntimeError("injected fault outside a step")
+
+        dead.core.has_work = boom  # the engine loop's own check: its thread dies
+        dead._submit(AbortRequest("wake"))
+        await asyncio.wait_for(b.dead.wait(), 10)
+        assert models.state(b) == "failed" and "injected fault" in b.reason
+        with pytest.raises(ModelUnavailable, match="engine is dead"):
+            await models.hold(b)
+        models.release(b)
+        await models.hold(a)  # the other model serves on
+        outs = [o async for o in a.engine().generate([1, 2, 3], SamplingParams(max_tokens=2))]
+        models.release(a)
+        assert outs[-1].finish_reason == "length" and models.state(a) == "loaded"
+        await models.load(b)  # a retry: the dead engine dropped, a new one loaded
+        assert models.state(b) == "loaded" and b.engine() is not dead and b.loads == 2
     finally:
         await models.stop()
