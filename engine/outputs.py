@@ -76,6 +76,8 @@ class EngineStats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     steps: int = 0
+    spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed and verified
+    spec_accepted_tokens: int = 0  # of those, accepted (each saved one forward pass)
     finish_reasons: dict[str, int] = field(default_factory=dict)
     kv_tiers: dict[str, TierStats] = field(default_factory=dict)  # "host", "disk" when on
 
