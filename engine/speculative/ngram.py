@@ -6,10 +6,12 @@ tokens; the tokens that followed their most recent earlier occurrence are the pr
     tokens: [ ... a b c X Y Z ... | ... a b c ]      (n = 3, k = 3)
                       ^ match         ^ suffix  -> propose X Y Z
 
-k adapts per request: it grows by one after a step that accepted every proposed token,
-shrinks to what the last step accepted otherwise, and a request whose proposals keep
-failing stops proposing (k = 0) for a cool-down of steps before it tries again, so a
-stream that does not repeat itself pays nothing. The scan reads only the last
+k adapts per request: it grows by one after a step that accepted every proposed token
+and shrinks to what the last step accepted otherwise. A verification costs more than a
+plain decode step (on CPU its rows skip the fused decode stack), so a request whose recent
+steps accepted less than `min_accepted` tokens on average (a moving average) stops
+proposing for a rest of steps that doubles each time it comes back (up to `max_rest`), and
+a stream that does not repeat itself soon pays next to nothing. The scan reads only the last
 `max_lookback` tokens, so its cost per step is bounded whatever the context's length.
 Pure Python: the step scheduler calls it and never loads torch.
 """
@@ -23,32 +25,35 @@ from engine.request import Request
 
 @dataclass(slots=True)
 class _Acceptance:
-    """One request's adaptive k."""
+    """One request's adaptive k and its rest after poor acceptance."""
 
     k: int
-    failures: int = 0  # steps in a row that accepted nothing
-    cooldown: int = 0  # steps left without proposals
+    average: float  # moving average of tokens accepted per verification
+    rest: int  # the next rest's length, in steps
+    resting: int = 0  # steps left without proposals
 
 
 class NgramProposer:
     """Proposes up to `num_speculative_tokens` tokens per request and step."""
 
     def __init__(self, num_speculative_tokens: int, min_n: int = 1, max_n: int = 3,
-                 max_lookback: int = 4096, max_failures: int = 3, cooldown_steps: int = 16):
+                 max_lookback: int = 4096, min_accepted: float = 1.0, first_rest: int = 8,
+                 max_rest: int = 128, decay: float = 0.7):
         self.max_k = num_speculative_tokens
         self.min_n, self.max_n = min_n, max_n
         self.max_lookback = max_lookback
-        self.max_failures = max_failures
-        self.cooldown_steps = cooldown_steps
+        self.min_accepted = min_accepted
+        self.first_rest, self.max_rest = first_rest, max_rest
+        self.decay = decay
         self._state: dict[str, _Acceptance] = {}  # running requests only (see forget)
 
     def propose(self, request: Request, limit: int) -> list[int]:
         """Up to min(k, limit) tokens likely to follow the request's tokens; [] for none."""
         state = self._state.get(request.request_id)
         if state is None:
-            state = self._state[request.request_id] = _Acceptance(self.max_k)
-        if state.cooldown:
-            state.cooldown -= 1
+            state = self._state[request.request_id] = self._fresh(self.first_rest)
+        if state.resting:
+            state.resting -= 1
             return []
         k = min(state.k, limit)
         if k <= 0:
@@ -61,16 +66,22 @@ class NgramProposer:
         state = self._state.get(request.request_id)
         if state is None or num_proposed == 0:
             return
-        if num_accepted == num_proposed:
-            state.k, state.failures = min(self.max_k, state.k + 1), 0
-            return
-        state.k = max(1, num_accepted)
-        state.failures = 0 if num_accepted else state.failures + 1
-        if state.failures >= self.max_failures:
-            state.failures, state.cooldown = 0, self.cooldown_steps
+        state.k = min(self.max_k, state.k + 1) if num_accepted == num_proposed \
+            else max(1, num_accepted)
+        state.average = self.decay * state.average + (1 - self.decay) * num_accepted
+        if state.average < self.min_accepted:  # rest, then start afresh with a longer rest
+            rest = state.rest
+            self._state[request.request_id] = self._fresh(min(self.max_rest, 2 * rest))
+            self._state[request.request_id].resting = rest
+        elif num_accepted >= self.min_accepted:
+            state.rest = self.first_rest
 
     def forget(self, request: Request) -> None:
         self._state.pop(request.request_id, None)
+
+    def _fresh(self, rest: int) -> _Acceptance:
+        """A fresh start: two verifications in a row that accept nothing end it."""
+        return _Acceptance(self.max_k, self.min_accepted / self.decay, rest)
 
 
 def find_continuation(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:

@@ -31,17 +31,19 @@ def test_the_longest_recent_match_gives_the_continuation():
     assert find_continuation([256, 1, 2, 1], 2, 1, 3) == [2, 1]  # word-aligned matches only
 
 
-def test_k_adapts_and_a_failing_request_rests():
-    proposer = NgramProposer(4, max_failures=2, cooldown_steps=3)
+def test_k_adapts_and_a_failing_request_rests_longer_each_time():
+    proposer = NgramProposer(4, first_rest=2)
     request = Request("r", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams())
     assert proposer.propose(request, 10) == [3, 1, 2]
     proposer.record(request, 3, 1)
     assert proposer.propose(request, 10) == [3]  # k shrank to what was accepted
     proposer.record(request, 1, 1)
     assert len(proposer.propose(request, 10)) == 2  # and grows by one after a full accept
-    proposer.record(request, 2, 0)
-    proposer.record(request, 1, 0)  # the second failure in a row: three steps of rest
-    assert [proposer.propose(request, 10) for _ in range(4)] == [[], [], [], [3]]
+    proposer.record(request, 2, 0)  # accepting too little on average: two steps of rest
+    assert [len(proposer.propose(request, 10)) for _ in range(3)] == [0, 0, 3]
+    proposer.record(request, 3, 0)
+    proposer.record(request, 1, 0)  # failing again from a fresh start: twice the rest
+    assert [len(proposer.propose(request, 10)) for _ in range(5)] == [0, 0, 0, 0, 3]
     proposer.forget(request)
     assert not proposer._state  # noqa: SLF001 - bounded: nothing kept for ended requests
 
@@ -61,7 +63,7 @@ def test_rejected_tokens_roll_back_and_no_block_leaks():
     assert request.all_token_ids[-3:] == [3, 4, 9] and request.spec_token_ids == []
     assert request.num_computed_tokens == request.num_tokens - 1  # 9 computes next
     assert len(request.block_ids) == 3  # the block only rejected 6 1 reached is freed
-    assert (sched.num_spec_proposed, sched.num_spec_accepted) == (4, 1)
+    assert (sched.num_spec_proposed, sched.num_spec_accepted, sched.num_spec_drafts) == (4, 1, 1)
     sched.finish(request, "stop")
     assert blocks.num_free_blocks == blocks.num_blocks
 
