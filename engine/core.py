@@ -241,6 +241,7 @@ class EngineCore:
             generation_tokens=t.generation_tokens, steps=t.steps,
             spec_proposed_tokens=sched.num_spec_proposed,
             spec_accepted_tokens=sched.num_spec_accepted,
+            spec_draft_steps=sched.num_spec_drafts,
             finish_reasons=dict(t.finish_reasons),
             kv_tiers={} if self.kv_tiers is None else self.kv_tiers.stats())
 

@@ -70,6 +70,7 @@ class StepScheduler:
         self.proposer = proposer  # None: no speculative decoding
         self.num_spec_proposed = 0  # tokens proposed and verified
         self.num_spec_accepted = 0  # of those, accepted
+        self.num_spec_drafts = 0  # request-steps that verified a proposal
 
     def add(self, request: Request, parent: Request | None = None) -> None:
         """Queue a request; a sample of `parent` (the same prompt, `n > 1`) shares the
@@ -206,6 +207,7 @@ class StepScheduler:
         self.proposer.record(request, num_proposed, num_accepted)
         self.num_spec_proposed += num_proposed
         self.num_spec_accepted += num_accepted
+        self.num_spec_drafts += 1
         return num_proposed - num_accepted
 
     def _append(self, request: Request, samples: list[SampledToken]) -> list[SampledToken]:
