@@ -183,6 +183,18 @@ class BlockManager:
             request.block_ids.append(block_id)
         return True
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Free the request's blocks past those `num_tokens` need: a speculative step's
+        rejected tokens may have reached into blocks that nothing now holds. Those blocks
+        were never registered in the prefix cache (their tokens were not computed)."""
+        keep = self.blocks_needed(num_tokens)
+        for block_id in reversed(request.block_ids[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None
+        del request.block_ids[keep:]
+
     def fork(self, parent: Request, child: Request) -> None:
         """Give `child` (the same prompt) a reference on each of the parent's full blocks
         of that prompt; the prompt's last token stays to compute, as on a cache hit.

@@ -66,6 +66,11 @@ class EngineConfig:
     # CPU, quantized projections: decode-only steps run every layer in one C++ call
     # (engine.cpu_decode); off, LlamaModel.forward chains the same kernels from Python.
     cpu_fused_decode: bool = True
+    # Speculative decoding: "ngram" proposes up to num_speculative_tokens tokens per
+    # decoding request and step from its own prompt and output (engine.speculative),
+    # verified exactly in the step; None: off.
+    speculative: str | None = None
+    num_speculative_tokens: int = 4
     seed: int = 0
     # A failed step ends only its own requests; this many failed steps in a row mean the
     # device or the engine is broken for good: the engine stops (and `serve` exits).
@@ -88,6 +93,9 @@ class EngineConfig:
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("max_consecutive_failed_steps", self.max_consecutive_failed_steps)
         _positive("cuda_graph_max_batch", self.cuda_graph_max_batch)
+        if self.speculative not in (None, "ngram"):
+            raise ConfigError("speculative", "must be ngram, or None for off")
+        _positive("num_speculative_tokens", self.num_speculative_tokens)
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \
                 or self.max_logprobs < 0:
             raise ConfigError("max_logprobs", "must be a non-negative integer")

@@ -18,6 +18,7 @@ from engine.models.config import context_len
 from engine.outputs import EngineStats, RequestOutput, SampledToken
 from engine.request import Request
 from engine.sampling_params import SamplingParams
+from engine.speculative import NgramProposer
 from engine.step_scheduler import ScheduledBatch, StepScheduler
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,8 @@ class EngineCore:
         self.step_scheduler = StepScheduler(self.blocks, config.max_num_seqs,
                                             config.max_num_batched_tokens,
                                             eos_token_ids=self.eos_token_ids,
-                                            max_model_len=self.max_model_len)
+                                            max_model_len=self.max_model_len,
+                                            proposer=_proposer(config))
         self.grammars = GrammarCompiler(
             self.tokenizer, self.runner.sample_vocab, self.eos_token_ids,
             threads=config.grammar_compile_threads, cache_size=config.grammar_cache_size,
@@ -152,8 +154,8 @@ class EngineCore:
             return outputs + self._fail_step(batch, exc)
         self.num_failed_steps = 0
         self.totals.steps += 1
-        self.totals.generation_tokens += len(booked)
-        outputs.extend(self._on_token(request, sample) for request, sample in booked)
+        self.totals.generation_tokens += sum(len(samples) for _, samples in booked)
+        outputs.extend(self._on_tokens(request, samples) for request, samples in booked)
         return outputs
 
     def _fail_step(self, batch: ScheduledBatch, exc: Exception) -> list[RequestOutput]:
@@ -168,26 +170,41 @@ class EngineCore:
                                   f"the last: {type(exc).__name__}: {exc}") from exc
         return failed
 
-    def _on_token(self, request: Request, sample: SampledToken) -> RequestOutput:
+    def _on_tokens(self, request: Request, samples: list[SampledToken]) -> RequestOutput:
         try:
-            out = self._detokenize(request, sample.token_id, request.finish_reason)
+            out = self._detokenize(request, [s.token_id for s in samples],
+                                   request.finish_reason)
         except Exception as exc:  # one request's failure must not stop the others
             log.exception("request %s failed", request.request_id)
             return self._finish(request, "error", "", error=f"{type(exc).__name__}: {exc}")
-        if sample.logprob is not None:
-            out.logprobs = [sample.logprob]
+        if samples[0].logprob is not None:
+            out.logprobs = [s.logprob for s in samples[:len(out.new_token_ids)]]
         return out
 
-    def _detokenize(self, request: Request, token: int, reason: str | None) -> RequestOutput:
-        """The token's text, checked for stop strings; `reason` is the scheduler's stop."""
+    def _detokenize(self, request: Request, tokens: list[int], reason: str | None
+                    ) -> RequestOutput:
+        """The tokens' text, checked for stop strings; `reason` is the scheduler's stop,
+        which only the last token can have caused. A stop string ends the request at the
+        token that completes it: tokens after it (accepted proposals) are dropped."""
         detok = self.detokenizers[request.request_id]
-        if reason != "stop":  # a stop token's own text is never shown
+        for count, token in enumerate(tokens, 1):
+            if count == len(tokens) and reason == "stop":
+                break  # a stop token's own text is never shown
             detok.add(token)
-            reason = "stop" if detok.stopped else reason
+            if detok.stopped:
+                self._drop_output(request, len(tokens) - count)
+                tokens, reason = tokens[:count], "stop"
+                break
         if reason is None:
-            return self._output(request, detok.take_delta(final=False), [token])
+            return self._output(request, detok.take_delta(final=False), tokens)
         detok.flush()
-        return self._finish(request, reason, detok.take_delta(final=True), [token])
+        return self._finish(request, reason, detok.take_delta(final=True), tokens)
+
+    def _drop_output(self, request: Request, num_tokens: int) -> None:
+        """Forget the request's last output tokens (booked, never shown)."""
+        if num_tokens:
+            del request.all_token_ids[-num_tokens:]
+            self.totals.generation_tokens -= num_tokens
 
     def _finish(self, request: Request, reason: str, delta: str, new_tokens=(),
                 error: str | None = None) -> RequestOutput:
@@ -222,5 +239,15 @@ class EngineCore:
             fork_shared_tokens=self.blocks.fork_shared_tokens,
             num_preemptions=sched.num_preemptions, prompt_tokens=t.prompt_tokens,
             generation_tokens=t.generation_tokens, steps=t.steps,
+            spec_proposed_tokens=sched.num_spec_proposed,
+            spec_accepted_tokens=sched.num_spec_accepted,
+            spec_draft_steps=sched.num_spec_drafts,
             finish_reasons=dict(t.finish_reasons),
             kv_tiers={} if self.kv_tiers is None else self.kv_tiers.stats())
+
+
+def _proposer(config: EngineConfig) -> NgramProposer | None:
+    """The speculative decoding proposer the config asks for, or None (off)."""
+    if config.speculative is None:
+        return None
+    return NgramProposer(config.num_speculative_tokens)

@@ -27,6 +27,7 @@ from engine.ops import TorchOps
 from engine.outputs import SampledToken
 from engine.quant.linear import quant_aware
 from engine.sampler import Sampler
+from engine.speculative.verify import sample_verified
 from engine.step_scheduler import ScheduledBatch
 
 log = logging.getLogger(__name__)
@@ -127,9 +128,10 @@ class ModelRunner:
 
     # -- one step ------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> list[SampledToken | None]:
+    def execute(self, batch: ScheduledBatch) -> list[list[SampledToken]]:
         """Run one step; one entry per scheduled request, in batch order: the token sampled
-        for a request that caught up (with its log-probabilities when asked), else None."""
+        for a request that caught up (with its log-probabilities when asked), else []; for a
+        request with proposed tokens, the accepted ones and the token sampled after them."""
         order = sorted(range(len(batch.requests)), key=lambda i: batch.num_new_tokens[i] != 1)
         step = _host_inputs(batch, order, self.block_size)
         graph_size = self._graph_size(step)
@@ -137,15 +139,20 @@ class ModelRunner:
             hidden = self.graphs.replay(self._pinned(_pad(step, graph_size)), len(order))
         else:
             hidden = self._eager_forward(step)
-        sampled: list[SampledToken | None] = [None] * len(batch.requests)
+        sampled: list[list[SampledToken]] = [[] for _ in batch.requests]
         if not step.sample_rows:
             return sampled
         index = self._to_device(torch.tensor(step.sample_index, dtype=torch.long))
         logits = self.model.compute_logits(hidden[index])[:, :self.sample_vocab]
         requests = [batch.requests[i] for i in step.sample_rows]
+        if len(step.sample_index) > len(requests):  # some rows verify proposed tokens
+            for i, tokens in zip(step.sample_rows, sample_verified(self.sampler, logits,
+                                                                   requests)):
+                sampled[i] = tokens
+            return sampled
         tokens, logprobs = self.sampler.sample(logits, requests)
         for i, token, logprob in zip(step.sample_rows, tokens, logprobs):
-            sampled[i] = SampledToken(token, logprob)
+            sampled[i] = [SampledToken(token, logprob)]
         return sampled
 
     def _graph_size(self, step: "HostInputs") -> int | None:
@@ -186,25 +193,36 @@ class HostInputs:
     seq_lens: list[int] = field(default_factory=list)
     query_lens: list[int] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)  # batch rows that sample a token
-    sample_index: list[int] = field(default_factory=list)  # their last token's position
+    # their last token's position; with proposed tokens, those before them too
+    sample_index: list[int] = field(default_factory=list)
 
 
 def _host_inputs(batch: ScheduledBatch, order: list[int], block_size: int) -> HostInputs:
+    """A request with proposed tokens computes them after its last real token, and
+    samples at each of those positions (the verification's target distributions):
+
+        input_ids:    [ t  d0 d1 d2 ]
+        sample_index:   ^  ^  ^  ^    (4 rows of logits for one request)
+    """
     step = HostInputs()
     for i in order:
         request, n = batch.requests[i], batch.num_new_tokens[i]
         start = request.num_computed_tokens
         blocks = request.block_ids
-        step.input_ids.extend(request.all_token_ids[start:start + n])
+        tokens = request.all_token_ids
+        if request.spec_token_ids:
+            tokens = tokens + request.spec_token_ids
+        step.input_ids.extend(tokens[start:start + n])
         step.positions.extend(range(start, start + n))
         step.slot_mapping.extend(blocks[p // block_size] * block_size + p % block_size
                                  for p in range(start, start + n))
         step.block_tables.append(blocks)
         step.seq_lens.append(start + n)
         step.query_lens.append(n)
-        if start + n == request.num_tokens:
+        if start + n == len(tokens):
             step.sample_rows.append(i)
-            step.sample_index.append(len(step.input_ids) - 1)
+            end = len(step.input_ids)
+            step.sample_index.extend(range(end - 1 - len(request.spec_token_ids), end))
     return step
 
 

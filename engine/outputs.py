@@ -76,6 +76,9 @@ class EngineStats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     steps: int = 0
+    spec_proposed_tokens: int = 0  # speculative decoding: tokens proposed and verified
+    spec_accepted_tokens: int = 0  # of those, accepted (each saved one forward pass)
+    spec_draft_steps: int = 0  # request-steps that verified a proposal
     finish_reasons: dict[str, int] = field(default_factory=dict)
     kv_tiers: dict[str, TierStats] = field(default_factory=dict)  # "host", "disk" when on
 

@@ -41,6 +41,9 @@ class Request:
     # xgrammar's matcher of a structured-output request: it has accepted exactly the
     # output tokens (never re-fed when a preempted request is recomputed)
     grammar: Any = None
+    # tokens proposed for this step (speculative decoding): computed after the last real
+    # token and verified by the step; never part of all_token_ids until accepted
+    spec_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         self.all_token_ids = list(self.prompt_token_ids)

@@ -10,6 +10,14 @@ later (its output so far is kept, so the recompute lands on the same state).
 The scheduler both plans a step (`schedule`) and books its result (`update_from_output`:
 computed tokens advance, sampled tokens are appended, token-level stops finish and free
 their requests), so the engine core only drives schedule -> execute -> update_from_output.
+
+With a proposer (speculative decoding), a decoding request may compute its proposed tokens
+after its last real one in the same step; booking keeps the accepted ones and rolls the
+rejected ones back (their KV slots are overwritten later, blocks only they reached are freed):
+
+    all_token_ids: [ ... t | d0 d1 d2 ]   scheduled: t d0 d1 d2 (4 new tokens)
+    sampled:       [ d0 d1 x ]            d0 d1 accepted, x replaces d2
+    after booking: [ ... t d0 d1 x ]      computed up to d1; x computes next step
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ from engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:  # the scheduler reads token ids only; it never loads torch
     from engine.outputs import SampledToken
+    from engine.speculative import NgramProposer
 
 
 @dataclass
@@ -46,7 +55,8 @@ class StepScheduler:
     """Owns the waiting queue and the running list; the block manager owns the blocks."""
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, token_budget: int, *,
-                 eos_token_ids: frozenset[int] = frozenset(), max_model_len: int | None = None):
+                 eos_token_ids: frozenset[int] = frozenset(), max_model_len: int | None = None,
+                 proposer: NgramProposer | None = None):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.token_budget = token_budget
@@ -57,6 +67,10 @@ class StepScheduler:
         self.forks = ForkWaitlist()
         self.num_preemptions = 0
         self.num_prefill_tokens = 0  # prompt tokens computed by steps (forks share theirs)
+        self.proposer = proposer  # None: no speculative decoding
+        self.num_spec_proposed = 0  # tokens proposed and verified
+        self.num_spec_accepted = 0  # of those, accepted
+        self.num_spec_drafts = 0  # request-steps that verified a proposal
 
     def add(self, request: Request, parent: Request | None = None) -> None:
         """Queue a request; a sample of `parent` (the same prompt, `n > 1`) shares the
@@ -90,6 +104,8 @@ class StepScheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new == 1 and self.proposer is not None:
+                num_new += self._propose(request, budget - 1)
             if self._make_room(request, num_new, batch):
                 batch.add(request, num_new)
                 budget -= num_new
@@ -97,6 +113,21 @@ class StepScheduler:
             else:
                 break  # the request itself was preempted
         return budget
+
+    def _propose(self, request: Request, budget: int) -> int:
+        """Set the request's proposed tokens for this step; how many. Never more than the
+        budget, max_tokens or the context leave room for beside the token the step samples
+        anyway, and none where that would take blocks another request needs."""
+        if request.grammar is not None or request.params.has_penalties:
+            return 0  # their sampling depends on each earlier token: verify one at a time
+        room = min(budget, request.params.max_tokens - request.num_output_tokens - 1)
+        if self.max_model_len is not None:
+            room = min(room, self.max_model_len - request.num_tokens - 1)
+        drafts = self.proposer.propose(request, room) if room > 0 else []
+        if drafts and not self.blocks.can_allocate(request, 1 + len(drafts)):
+            drafts = []
+        request.spec_token_ids = drafts
+        return len(drafts)
 
     def _make_room(self, request: Request, num_new: int, batch: ScheduledBatch) -> bool:
         """Allocate blocks for `request`, preempting from the back of `running` if needed."""
@@ -133,36 +164,61 @@ class StepScheduler:
 
     def _preempt(self, request: Request) -> None:
         self.blocks.free(request)
+        request.spec_token_ids = []
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
-    def update_from_output(self, batch: ScheduledBatch, sampled: list[SampledToken | None]
-                           ) -> list[tuple[Request, SampledToken]]:
-        """Book a step's result (`sampled`: one entry per batch request, None for a request
-        still catching up). Each request's computed tokens advance (its newly full blocks
-        join the prefix cache); a sampled token is appended and a token-level stop (eos,
-        stop_token_ids, max_tokens, context) finishes the request and frees its blocks.
-        Returns (request, sampled) for each request that got a token, in batch order;
-        `request.finish_reason` tells which of them finished."""
+    def update_from_output(self, batch: ScheduledBatch, sampled: list[list[SampledToken]]
+                           ) -> list[tuple[Request, list[SampledToken]]]:
+        """Book a step's result (`sampled`: per batch request the tokens it got, in order:
+        [] for a request still catching up, one token, or with proposed tokens the accepted
+        ones and the one sampled after them). Each request's computed tokens advance (its
+        newly full blocks join the prefix cache); the tokens are appended one by one until
+        a token-level stop (eos, stop_token_ids, max_tokens, context) finishes the request
+        and frees its blocks. Returns (request, tokens appended) for each request that got
+        tokens, in batch order; `request.finish_reason` tells which of them finished."""
         booked = []
-        for request, num_new, sample in zip(batch.requests, batch.num_new_tokens, sampled):
+        for request, num_new, samples in zip(batch.requests, batch.num_new_tokens, sampled):
             self.num_prefill_tokens += max(0, min(num_new, request.num_prompt_tokens
                                                   - request.num_computed_tokens))
-            request.num_computed_tokens += num_new
+            num_rejected = self._book_proposal(request, samples)
+            request.num_computed_tokens += num_new - num_rejected
             self.blocks.cache_full_blocks(request)
-            if sample is None:
+            if not samples:
                 continue
             if request.num_output_tokens == 0:  # its prompt is computed: fork its samples
                 self._fork(request, self.forks.take(request))
+            booked.append((request, self._append(request, samples)))
+            if num_rejected and not request.is_finished:
+                self.blocks.trim(request, request.num_tokens)
+        return booked
+
+    def _book_proposal(self, request: Request, samples: list[SampledToken]) -> int:
+        """Count the request's proposed tokens for this step and clear them; how many
+        were rejected (their KV is not kept)."""
+        num_proposed = len(request.spec_token_ids)
+        if not num_proposed:
+            return 0
+        num_accepted = len(samples) - 1
+        request.spec_token_ids = []
+        self.proposer.record(request, num_proposed, num_accepted)
+        self.num_spec_proposed += num_proposed
+        self.num_spec_accepted += num_accepted
+        self.num_spec_drafts += 1
+        return num_proposed - num_accepted
+
+    def _append(self, request: Request, samples: list[SampledToken]) -> list[SampledToken]:
+        """Append the tokens up to and including the first that finishes the request."""
+        for count, sample in enumerate(samples, 1):
             request.all_token_ids.append(sample.token_id)
             reason = self._check_stop(request, sample.token_id)
             if reason is not None:
                 self.finish(request, reason)
-            booked.append((request, sample))
-        return booked
+                return samples[:count]
+        return samples
 
     def _check_stop(self, request: Request, token: int) -> str | None:
         params = request.params
@@ -189,5 +245,7 @@ class StepScheduler:
         if heir is not None:  # it ended before its first token: its samples go on
             self.waiting.appendleft(heir)
         self.blocks.free(request)
+        if self.proposer is not None:
+            self.proposer.forget(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason

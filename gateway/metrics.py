@@ -115,6 +115,12 @@ class _EngineCollector:
         yield _counter("fork_shared_tokens", "Prompt tokens n>1 samples shared with their "
                        "first sample instead of computing", s.fork_shared_tokens)
         yield _counter("preemptions", "Requests preempted for KV blocks", s.num_preemptions)
+        yield _counter("spec_decode_num_drafts", "Speculative decoding: request-steps that "
+                       "verified proposed tokens", s.spec_draft_steps)
+        yield _counter("spec_decode_num_draft_tokens", "Speculative decoding: tokens proposed "
+                       "and verified", s.spec_proposed_tokens)
+        yield _counter("spec_decode_num_accepted_tokens", "Speculative decoding: proposed "
+                       "tokens accepted", s.spec_accepted_tokens)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

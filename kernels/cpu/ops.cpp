@@ -62,18 +62,7 @@ struct Heads {
 // sequence's heads saves) and leave no OpenMP thread spinning beside the matmuls.
 std::atomic<const tokenwire::QuantExports*> quant_exports{nullptr};
 
-// fn(c) for every c in [0, chunks), on the worker pool or else OpenMP's threads.
-template <class F>
-void parallel_chunks(int64_t chunks, const F& fn) {
-  if (const tokenwire::QuantExports* quant = tokenwire::borrowed_quant_exports()) {
-    auto call = [](void* ctx, int64_t c) { (*static_cast<const F*>(ctx))(c); };
-    quant->run(chunks, at::get_num_threads(), call, const_cast<F*>(&fn));
-    return;
-  }
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) fn(c);
-  });
-}
+using tokenwire::parallel_chunks;
 
 // tokenwire::for_row_chunks on parallel_chunks' threads.
 template <class F>

@@ -28,6 +28,7 @@
 #include "common.h"
 #include "panel_tile.h"
 #include "prefill_attention.h"
+#include "quant_exports.h"
 
 namespace tokenwire {
 namespace {
@@ -178,8 +179,9 @@ at::Tensor transpose_keys(Args& a, int64_t batch) {
   at::Tensor buffer = at::empty({a.tile_base[batch] * tile_floats}, at::kFloat);
   a.k_tiles = buffer.data_ptr<float>();
   const int64_t row = a.num_kv_heads * a.head_dim;
-  at::parallel_for(0, static_cast<int64_t>(tiles.size()), 8, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
+  const int64_t num_tiles = static_cast<int64_t>(tiles.size());
+  parallel_chunks((num_tiles + 7) / 8, [&](int64_t chunk) {  // 8 tiles a chunk
+    for (int64_t i = chunk * 8; i < std::min(num_tiles, chunk * 8 + 8); ++i) {
       const auto [b, t] = tiles[i];
       float* dst = a.key_tile(b, 0, t);  // all heads of the tile: [Hkv][D][kKeys]
       for (int64_t j = 0; j < kKeys; ++j) {
@@ -258,7 +260,7 @@ void paged_prefill_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
   }
   const int64_t count = static_cast<int64_t>(items.size());
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+  parallel_chunks(at::get_num_threads(), [&](int64_t) {
     Scratch scratch;
     for (int64_t i = next++; i < count; i = next++) {
       if (q.size(2) == 64)

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <cstdint>
 #include <optional>
@@ -28,5 +29,20 @@ inline constexpr const char* kQuantExportsCapsule = "tokenwire.quant_exports";
 
 // In the ops module: the table once handed over, else nullptr.
 const QuantExports* borrowed_quant_exports();
+
+// In the ops module: fn(c) for every c in [0, chunks), on the worker pool once handed over
+// (its threads start in a microsecond, and the caller never waits for one that has not
+// shown up) or else OpenMP's threads.
+template <class F>
+void parallel_chunks(int64_t chunks, const F& fn) {
+  if (const QuantExports* quant = borrowed_quant_exports()) {
+    auto call = [](void* ctx, int64_t c) { (*static_cast<const F*>(ctx))(c); };
+    quant->run(chunks, at::get_num_threads(), call, const_cast<F*>(&fn));
+    return;
+  }
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) fn(c);
+  });
+}
 
 }  // namespace tokenwire

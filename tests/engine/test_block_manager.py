@@ -137,7 +137,7 @@ def test_forked_samples_share_the_parents_full_prompt_blocks():
     sched.add(child, parent)  # waits: the parent's prompt is not computed yet
     batch = sched.schedule()
     assert batch.requests == [parent]
-    sched.update_from_output(batch, [SampledToken(7)])  # the prompt is computed: the child forks
+    sched.update_from_output(batch, [[SampledToken(7)]])  # the prompt is computed: the child forks
     assert child.block_ids == parent.block_ids[:2] and child.num_computed_tokens == 8
     assert [bm.blocks[b].ref_count for b in parent.block_ids] == [2, 2, 1]
     assert sched.schedule().num_new_tokens == [1, 2]  # parent decodes; child: 2 prompt tokens

@@ -14,8 +14,9 @@ def _scheduler(num_blocks=16, max_model_len=None) -> StepScheduler:
                          max_model_len=max_model_len)
 
 
-def _tokens(*token_ids: int) -> list[SampledToken]:
-    return [SampledToken(t) for t in token_ids]
+def _tokens(*token_ids: int) -> list[list[SampledToken]]:
+    """One sampled token for each request of a step."""
+    return [[SampledToken(t)] for t in token_ids]
 
 
 def _add(sched, rid, prompt_len=6, **params) -> Request:
@@ -29,8 +30,8 @@ def test_books_computed_tokens_appends_and_caches_full_blocks():
     a = _add(sched, "a", max_tokens=4)
     batch = sched.schedule()
     assert batch.num_new_tokens == [6]
-    booked = sched.update_from_output(batch, [SampledToken(7)])
-    assert booked == [(a, SampledToken(7))]
+    booked = sched.update_from_output(batch, _tokens(7))
+    assert booked == [(a, [SampledToken(7)])]
     assert a.num_computed_tokens == 6 and a.all_token_ids[-1] == 7
     assert len(a.block_hashes) == 1  # the one full block of 4 joined the prefix cache
     assert a.status is RequestStatus.RUNNING
@@ -40,7 +41,7 @@ def test_a_chunk_without_a_sampled_token_only_advances():
     sched = StepScheduler(BlockManager(16, block_size=4), max_num_seqs=8, token_budget=4)
     a = _add(sched, "a", prompt_len=6)
     batch = sched.schedule()
-    assert sched.update_from_output(batch, [None]) == []
+    assert sched.update_from_output(batch, [[]]) == []
     assert a.num_computed_tokens == 4 and a.num_tokens == 6
 
 

@@ -81,3 +81,26 @@ def readable_by_torch_backend(k_cache, v_cache, tables):
     Undo paged_kv's NaN poison and out-of-range unused entries for it."""
     return (k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0),
             tables.where(tables < k_cache.shape[0], 0))
+
+
+# Speculative decoding's verification steps: per sequence its last real token and 0-4
+# proposed ones (1-5 queries, causal among themselves) over a cached context.
+SPEC_SEQ_LENS = [300, 17, 64, 41, 5]
+SPEC_Q_LENS = [5, 3, 1, 4, 2]
+
+
+def with_rejected_rows(gen, k_cache, v_cache, tables, seq_lens: list[int], num_rejected: int):
+    """Finite K/V (a verification's rejected proposed tokens, left in place by the rollback)
+    in the num_rejected slots after each sequence's context, whose tables have room for
+    them: a kernel must not read them. Returns the caches and tables with them written."""
+    block_size = k_cache.shape[1]
+    for b, n in enumerate(seq_lens):
+        for p in range(n, n + num_rejected):
+            block = int(tables[b, p // block_size])
+            if block >= k_cache.shape[0]:  # past the sequence's blocks: nothing to write
+                continue
+            k_cache[block, p % block_size] = randn(gen, *k_cache.shape[2:], dtype=k_cache.dtype,
+                                                   device=k_cache.device)
+            v_cache[block, p % block_size] = randn(gen, *v_cache.shape[2:], dtype=v_cache.dtype,
+                                                   device=v_cache.device)
+    return k_cache, v_cache

@@ -6,8 +6,8 @@ import torch
 
 from engine.attention import AttentionMetadata, TorchAttention
 from engine.cpu_backend import CpuAttention
-from kernel_cases import (assert_close, nan_like, paged_kv, ragged, randn,
-                          readable_by_torch_backend)
+from kernel_cases import (SPEC_Q_LENS, SPEC_SEQ_LENS, assert_close, nan_like, paged_kv,
+                          ragged, randn, readable_by_torch_backend, with_rejected_rows)
 from kernels.paged_prefill_attention import paged_prefill_attention_ref
 
 
@@ -110,3 +110,17 @@ def test_rejects_bad_arguments(gen, kernels):
     with pytest.raises(RuntimeError, match="head counts"):
         call(torch.empty(7, 3, 64), q[:, :3].contiguous(), k_cache, v_cache, tables, starts,
              lens, 1.0)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(9, 3), (4, 4)])
+def test_multi_query_decode_of_speculative_verification(gen, kernels, num_heads, num_kv_heads):
+    """Verification steps (1-5 queries per sequence over a long cached context) run on
+    this kernel, with the rejected slots of an earlier verification still holding K/V."""
+    args = ragged(gen, SPEC_SEQ_LENS, SPEC_Q_LENS, num_heads, num_kv_heads, 64,
+                  torch.float32, "cpu", 16)
+    q, k_cache, v_cache, tables, starts, lens = args
+    expected = paged_prefill_attention_ref(*args, 0.125)  # before the rejected rows exist
+    with_rejected_rows(gen, k_cache, v_cache, tables, SPEC_SEQ_LENS, 3)
+    out = nan_like(q)
+    kernels.paged_prefill_attention(out, q, k_cache, v_cache, tables, starts, lens, 0.125)
+    assert_close(out, expected)

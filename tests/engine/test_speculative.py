@@ -1,0 +1,153 @@
+"""Speculative decoding (engine.speculative): the n-gram proposer, booking with rollback,
+and exactness on the default model (greedy) and in distribution (sampled)."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.block_manager import BlockManager
+from engine.outputs import SampledToken
+from engine.request import Request
+from engine.sampler import Sampler
+from engine.speculative import NgramProposer
+from engine.speculative.ngram import find_continuation
+from engine.speculative.verify import sample_verified
+from engine.step_scheduler import StepScheduler
+from test_hf_parity import PROMPTS as PARITY_PROMPTS
+
+TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor "
+        "jugs. How vexingly quick daft zebras jump!")
+COPY_PROMPTS = [
+    f"Repeat this text exactly: {TEXT}",
+    "Copy this list, one item per line: apples, pears, plums, cherries, apricots, figs.",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+]
+
+
+def test_the_longest_recent_match_gives_the_continuation():
+    assert find_continuation([1, 2, 3, 9, 8, 7, 5, 1, 2, 3], 3, 1, 3) == [9, 8, 7]
+    assert find_continuation([4, 1, 2, 6, 3, 2, 7, 1, 2], 2, 1, 3) == [6, 3]  # n=2 beats n=1
+    assert find_continuation([5, 2, 8, 2, 9, 2], 2, 1, 3) == [9, 2]  # the latest occurrence
+    assert find_continuation([1, 2, 3, 4], 2, 1, 3) == []
+    assert find_continuation([256, 1, 2, 1], 2, 1, 3) == [2, 1]  # word-aligned matches only
+
+
+def test_k_adapts_and_a_failing_request_rests_longer_each_time():
+    proposer = NgramProposer(4, first_rest=2)
+    request = Request("r", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams())
+    assert proposer.propose(request, 10) == [3, 1, 2]
+    proposer.record(request, 3, 1)
+    assert proposer.propose(request, 10) == [3]  # k shrank to what was accepted
+    proposer.record(request, 1, 1)
+    assert len(proposer.propose(request, 10)) == 2  # and grows by one after a full accept
+    proposer.record(request, 2, 0)  # accepting too little on average: two steps of rest
+    assert [len(proposer.propose(request, 10)) for _ in range(3)] == [0, 0, 3]
+    proposer.record(request, 3, 0)
+    proposer.record(request, 1, 0)  # failing again from a fresh start: twice the rest
+    assert [len(proposer.propose(request, 10)) for _ in range(5)] == [0, 0, 0, 0, 3]
+    proposer.forget(request)
+    assert not proposer._state  # noqa: SLF001 - bounded: nothing kept for ended requests
+
+
+def test_rejected_tokens_roll_back_and_no_block_leaks():
+    blocks = BlockManager(num_blocks=12, block_size=4)
+    sched = StepScheduler(blocks, max_num_seqs=4, token_budget=64,
+                          proposer=NgramProposer(4))
+    request = Request("r", [1, 2, 3, 4, 5, 6, 1, 2], SamplingParams(max_tokens=20))
+    sched.add(request)
+    sched.update_from_output(sched.schedule(), [[SampledToken(3)]])
+    batch = sched.schedule()  # ... 1 2 3 -> proposes 4 5 6 1 after the real 3
+    assert request.spec_token_ids == [4, 5, 6, 1] and batch.num_new_tokens == [5]
+    assert len(request.block_ids) == 4  # room for 13 tokens
+    booked = sched.update_from_output(batch, [[SampledToken(4), SampledToken(9)]])
+    assert booked == [(request, [SampledToken(4), SampledToken(9)])]
+    assert request.all_token_ids[-3:] == [3, 4, 9] and request.spec_token_ids == []
+    assert request.num_computed_tokens == request.num_tokens - 1  # 9 computes next
+    assert len(request.block_ids) == 3  # the block only rejected 6 1 reached is freed
+    assert (sched.num_spec_proposed, sched.num_spec_accepted, sched.num_spec_drafts) == (4, 1, 1)
+    sched.finish(request, "stop")
+    assert blocks.num_free_blocks == blocks.num_blocks
+
+
+def test_proposals_stop_at_max_tokens():
+    sched = StepScheduler(BlockManager(12, block_size=4), max_num_seqs=4, token_budget=64,
+                          proposer=NgramProposer(4))
+    request = Request("r", [1, 2, 3, 4, 5, 6, 7, 1, 2], SamplingParams(max_tokens=3))
+    sched.add(request)
+    sched.update_from_output(sched.schedule(), [[SampledToken(3)]])
+    assert sched.schedule().num_new_tokens == [2]  # one proposed: 3 tokens in all
+
+
+@pytest.fixture(scope="module")
+def spec_llm():
+    """The default model with n-gram speculation, otherwise as the shared `llm`."""
+    return LLM(model="default", device="cpu", max_num_batched_tokens=512,
+               speculative="ngram", num_speculative_tokens=4)
+
+
+def chat(llm, prompts):
+    return [llm.core.encode_chat([{"role": "user", "content": p}]) for p in prompts]
+
+
+def test_greedy_output_is_unchanged(llm, spec_llm):
+    prompts = chat(llm, COPY_PROMPTS) + [llm.core.encode(p) for p in PARITY_PROMPTS]
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    before = spec_llm.core.stats()
+    want = llm.generate(prompts, params)
+    got = spec_llm.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert [o.finish_reason for o in got] == [o.finish_reason for o in want]
+    stats = spec_llm.core.stats()
+    accepted = stats.spec_accepted_tokens - before.spec_accepted_tokens
+    assert accepted > 32, "the copy prompts should accept many proposed tokens"
+    assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def test_stop_strings_logprobs_and_max_tokens_stay_exact(llm, spec_llm):
+    prompt = chat(llm, COPY_PROMPTS[:1])
+    for params in (SamplingParams(max_tokens=30, temperature=0.0, stop=["lazy"], logprobs=2),
+                   SamplingParams(max_tokens=7, temperature=0.0, logprobs=0)):
+        want, got = llm.generate(prompt, params)[0], spec_llm.generate(prompt, params)[0]
+        assert (got.text, got.token_ids, got.finish_reason) == \
+            (want.text, want.token_ids, want.finish_reason)
+        assert [lp.token_id for lp in got.logprobs] == got.token_ids
+        torch.testing.assert_close([lp.logprob for lp in got.logprobs],
+                                   [lp.logprob for lp in want.logprobs], atol=1e-3, rtol=0)
+
+
+def test_seeded_sampling_is_reproducible_and_as_without_speculation(llm, spec_llm):
+    """Each token takes one draw of the request's generator either way (engine.speculative
+    .verify), so a seeded request draws the same noise for the same position."""
+    prompt = chat(spec_llm, COPY_PROMPTS[:1])
+    params = SamplingParams(max_tokens=40, temperature=0.7, seed=1234)
+    before = spec_llm.core.stats().spec_accepted_tokens
+    first, second = (spec_llm.generate(prompt, params)[0].token_ids for _ in range(2))
+    assert spec_llm.core.stats().spec_accepted_tokens > before
+    assert first == second == llm.generate(prompt, params)[0].token_ids
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+CHI2_5_DOF_P001 = 20.52  # the chi-square statistic over 6 cells exceeds it with p = 0.001
+
+
+def test_verification_keeps_the_sampled_distribution():
+    """Chi-square over many draws of a small vocabulary: the first token follows p0, and
+    after an accepted proposal the second follows p1, as without speculation."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 6) * 1.5  # rows: after t, after t d0, after t d0 d1
+    draws = 6000
+    requests = [Request(f"r{i}", [0], SamplingParams(temperature=1.0, seed=i))
+                for i in range(draws)]
+    for r in requests:
+        r.spec_token_ids = [2, 4]
+    samples = sample_verified(Sampler(), logits.repeat(draws, 1), requests)
+    p = torch.softmax(logits, dim=-1)
+    first = torch.bincount(torch.tensor([s[0].token_id for s in samples]), minlength=6)
+    assert chi_square(first, p[0]) < CHI2_5_DOF_P001
+    after = [s[1].token_id for s in samples if len(s) > 1]
+    assert len(after) == first[2]  # a second token exactly where d0 was drawn
+    second = torch.bincount(torch.tensor(after), minlength=6)
+    assert chi_square(second, p[1]) < CHI2_5_DOF_P001
