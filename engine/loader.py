@@ -139,11 +139,13 @@ def _load_gguf(path: Path, name: str, device, dtype) -> LoadedModel:
 
 def _gguf_meta_dir(path: Path) -> Path:
     """config.json and tokenizer files of a GGUF, converted once and kept under the cache
-    (keyed by the file's name and size): the config by transformers' GGUF reader, the
+    (keyed by the file's name, size and modification time: its tensor index holds byte
+    offsets, which another file of the same name and size would not share): the config by transformers' GGUF reader, the
     tokenizer by it too except Gemma's (engine.gguf_tokenizer). The tokenizer adds `<bos>`
     where the GGUF says so (tokenizer.ggml.add_bos_token), which transformers' reader
     ignores; Gemma without it degenerates (" is is is ...")."""
-    target = cache_root() / "gguf" / f"{path.stem}-{path.stat().st_size}"
+    stat = path.stat()
+    target = cache_root() / "gguf" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
     if (target / "config.json").is_file():
         return target
     from transformers import AutoConfig, AutoTokenizer
