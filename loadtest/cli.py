@@ -30,7 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "on /v1/responses over HTTP with previous_response_id (responses) or "
                         "WebSocket mode (responses-ws)")
     p.add_argument("--msgpack", action="store_true", help="WebSocket frames as msgpack")
-    p.add_argument("--model", help="HTTP model name (default: the server's first model)")
+    p.add_argument("--model", action="append", default=[], metavar="NAME",
+                   help="the model requests name (default: the server's first); repeat it "
+                        "for a mix: requests (sessions) take the models in turn, and the "
+                        "report adds figures per model")
     p.add_argument("--dataset", choices=DATASETS, default=None,
                    help="default: sessions (tool chains) for responses endpoints, else random")
     p.add_argument("--prompts-file", help="one prompt per line, or JSONL with `prompt`")
@@ -72,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
     return LoadTestConfig(
-        url=args.url, endpoint=args.endpoint, use_msgpack=args.msgpack, model=args.model,
+        url=args.url, endpoint=args.endpoint, use_msgpack=args.msgpack, models=tuple(args.model),
         dataset=args.dataset or default_dataset(args.endpoint), prompts_file=args.prompts_file, num_prompts=args.num_prompts,
         random_input_len=args.random_input_len, random_output_len=args.random_output_len,
         random_range_ratio=args.random_range_ratio, num_sessions=args.num_sessions,

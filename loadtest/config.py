@@ -23,7 +23,8 @@ class LoadTestConfig:
     url: str = "ws://127.0.0.1:8000/v1/ws"
     endpoint: str = "completions"
     use_msgpack: bool = False
-    model: str | None = None
+    models: tuple[str, ...] = ()  # one: every request names it; more: requests spread
+    #                               over them in turn (a session keeps its model)
     dataset: str = "random"
     prompts_file: str | None = None
     num_prompts: int = 100
@@ -86,6 +87,19 @@ class LoadTestConfig:
                "without --ignore-eos and --msgpack for responses (the Responses API has "
                "neither)")
         _check(all(0 < p <= 100 for p in self.percentiles), "percentiles", "in (0, 100]")
+        _check(all(isinstance(m, str) and m for m in self.models), "models", "model names")
+        _check(not self.is_mix or not (self.is_realtime or self.is_responses), "models",
+               "a single model on /v1/realtime and responses endpoints (a mix of models is "
+               "driven over /v1/ws and the completions and chat endpoints)")
+
+    @property
+    def model(self) -> str | None:
+        """The model HTTP requests name when there is no mix (None: the server's first)."""
+        return self.models[0] if self.models else None
+
+    @property
+    def is_mix(self) -> bool:
+        return len(self.models) > 1
 
     @property
     def is_websocket(self) -> bool:

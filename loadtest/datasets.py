@@ -24,6 +24,7 @@ class Prompt:
     prompt_len: int
     output_len: int
     token_ids: tuple[int, ...] | None = None
+    model: str | None = None  # set in a model mix: the model this request names
 
 
 def token_id_prompts(vocab: int, num: int, input_len: int, seed: int) -> list[list[int]]:
@@ -45,6 +46,8 @@ def request_params(prompt: Prompt, temperature: float, ignore_eos: bool) -> dict
     params = {"max_tokens": prompt.output_len, "temperature": temperature}
     if ignore_eos:
         params["ignore_eos"] = True
+    if prompt.model is not None:
+        params["model"] = prompt.model
     return params
 
 

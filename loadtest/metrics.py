@@ -109,6 +109,26 @@ def per_turn(records: Iterable[RequestRecord], percentiles: Sequence[float]) -> 
     return rows
 
 
+def per_model(records: Sequence[RequestRecord], duration_s: float,
+              percentiles: Sequence[float]) -> list[dict]:
+    """Each model's share of a model mix: requests, throughput, TTFT and TPOT."""
+    by_model: dict[str, list[RequestRecord]] = defaultdict(list)
+    for r in records:
+        if r.model is not None:
+            by_model[r.model].append(r)
+    rows = []
+    for model in sorted(by_model):
+        group = by_model[model]
+        done = [r for r in group if r.success]
+        rows.append({
+            "model": model, "completed": len(done), "failed": len(group) - len(done),
+            "output_throughput": sum(r.output_tokens for r in done) / duration_s,
+            "ttft_ms": describe([r.ttft for r in done], percentiles),
+            "tpot_ms": describe([t for t in map(tpot, done) if t is not None], percentiles),
+        })
+    return rows
+
+
 def summarize(records: Sequence[RequestRecord], duration_s: float, t0: float,
               percentiles: Sequence[float] = (99,),
               slos_ms: dict[str, float] | None = None) -> dict:
@@ -147,4 +167,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, t0: float,
     turns = per_turn(done, percentiles)
     if turns:
         result["per_turn"] = turns
+    models = per_model(records, duration_s, percentiles)
+    if len(models) > 1:
+        result["per_model"] = models
     return result

@@ -16,6 +16,7 @@ class RequestRecord:
     expected_output_len: int | None = None
     session: int | None = None
     turn: int | None = None
+    model: str | None = None  # the model the request named (a model mix), else None
     start: float = 0.0
     ttft: float | None = None  # seconds from send to the first delta
     latency: float | None = None  # seconds from send to done

@@ -67,6 +67,7 @@ def format_summary(result: dict, percentiles) -> str:
         for p in percentiles:
             lines.append(_row(f"P{p:g} {short} (ms):", result[f"p{p:g}_{key}_ms"]))
     lines += _turn_lines(result.get("per_turn", []))
+    lines += _model_lines(result.get("per_model", []))
     lines += _server_lines(result.get("server"))
     lines.append(_title("", "="))
     return "\n".join(lines)
@@ -83,6 +84,23 @@ def _turn_lines(turns: list[dict]) -> list[str]:
         lines.append(f"{row['turn']:>4} {row['completed']:>4} {row['mean_prompt_tokens']:>8.0f} "
                      f"{cached:>8} {row['ttft_ms']['mean']:>9.2f} {row['ttft_ms']['median']:>10.2f}")
     return lines
+
+
+def _model_lines(models: list[dict]) -> list[str]:
+    if not models:
+        return []
+    lines = [_title("By model"),
+             f"{'model':<24} {'ok':>5} {'failed':>6} {'out tok/s':>10} {'TTFT ms':>9} "
+             f"{'TPOT ms':>8}"]
+    for row in models:
+        ttft, tpot_ms = row["ttft_ms"]["mean"], row["tpot_ms"]["mean"]
+        lines.append(f"{row['model'][:24]:<24} {row['completed']:>5} {row['failed']:>6} "
+                     f"{row['output_throughput']:>10.1f} {_ms(ttft):>9} {_ms(tpot_ms):>8}")
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _server_lines(server: dict | None) -> list[str]:

@@ -114,7 +114,8 @@ class Runner:
             await session.idle(self.cfg.idle_gap)
 
     def _new_record(self, prompt: Prompt, **where) -> RequestRecord:
-        record = RequestRecord(prompt.prompt_len, prompt.output_len, **where)
+        record = RequestRecord(prompt.prompt_len, prompt.output_len, model=prompt.model,
+                               **where)
         self.records.append(record)
         return record
 

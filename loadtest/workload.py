@@ -3,6 +3,7 @@ event loop the client runs on. Shared by `tokenwire loadtest` (loadtest/cli.py) 
 one-command comparisons (compare, compare_realtime, lb_overhead, peer_bench)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from loadtest import datasets
@@ -28,9 +29,21 @@ def build_workload(cfg: LoadTestConfig, tokenizer) -> dict:
             openers = datasets.random_prompts(cfg.num_sessions, cfg.first_turn_len,
                                               cfg.random_output_len, cfg.random_range_ratio,
                                               rng, tokenizer)
-        return {"sessions": datasets.session_turns(cfg.num_sessions, cfg.turns, prompts,
-                                                   openers)}
+        sessions = datasets.session_turns(cfg.num_sessions, cfg.turns, prompts, openers)
+        if cfg.is_mix:  # a session keeps its model for all its turns
+            sessions = [_on(turns, cfg.models[i % len(cfg.models)])
+                        for i, turns in enumerate(sessions)]
+        return {"sessions": sessions}
+    if cfg.is_mix:
+        prompts = [_on([p], cfg.models[i % len(cfg.models)])[0] for i, p in enumerate(prompts)]
     return {"prompts": prompts}
+
+
+def _on(prompts: list, model: str) -> list:
+    """The prompts naming `model`. Their lengths were counted with the load tester's
+    tokenizer: another model's tokenizer counts the same text differently (the report's
+    token counts are the servers' own)."""
+    return [dataclasses.replace(p, model=model) for p in prompts]
 
 
 def make_backend(cfg: LoadTestConfig):

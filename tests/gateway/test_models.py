@@ -318,6 +318,26 @@ async def test_metrics_carry_the_model_label(small):
     assert "tokenwire_admission_queue_requests " in text  # the unlabelled one stays
 
 
+@pytest.mark.parametrize("scheme,path,endpoint", [("ws", "/v1/ws", "completions"),
+                                                   ("http", "/v1", "chat")])
+def test_the_load_tester_drives_a_mix_of_models(small, tmp_path, scheme, path, endpoint):
+    """`tokenwire loadtest --model a --model broken`: requests take the models in turn
+    and the report counts each model's own; the broken model's requests fail with its
+    loader's error, so a request sent to the default model instead would show."""
+    from loadtest.cli import main
+
+    out = tmp_path / "mix.json"
+    rc = main(["--url", small.replace("http", scheme, 1) + path, "--endpoint", endpoint,
+               "--model", "a", "--model", "broken", "--num-prompts", "6",
+               "--random-input-len", "8", "--random-output-len", "4", "--tokenizer", "none",
+               "--disable-tqdm", "--result-json", str(out)])
+    assert rc == 0
+    rows = {row["model"]: row for row in json.loads(out.read_text())["per_model"]}
+    assert (rows["a"]["completed"], rows["a"]["failed"]) == (3, 0)
+    assert (rows["broken"]["completed"], rows["broken"]["failed"]) == (0, 3)
+    assert rows["a"]["output_throughput"] > 0 == rows["broken"]["output_throughput"]
+
+
 async def test_load_and_unload_take_the_api_key(server):
     url = server.start_app(api_keys=("key-one",))
     try:
