@@ -107,6 +107,11 @@ class AsyncEngine:
         return self.core.max_model_len
 
     @property
+    def has_kv_tiers(self) -> bool:
+        """Whether blocks can go below the pool (park, prefetch and forget do anything)."""
+        return self.core.kv_tiers is not None
+
+    @property
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._dead is None
 
@@ -203,7 +208,7 @@ class AsyncEngine:
         return await self._tier_call("forget", token_ids)
 
     async def _tier_call(self, action: str, token_ids: Sequence[int]) -> int:
-        if not self.is_alive or self.core.kv_tiers is None:
+        if not self.is_alive or not self.has_kv_tiers:
             return 0
         done = self._loop.create_future()
         self._submit(TierRequest(action, tuple(token_ids), done))

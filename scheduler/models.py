@@ -206,6 +206,10 @@ class ModelSlot:
         self._engine.validate(prompt, params)
 
     # -- a session's KV in the engine's tiers (AsyncEngine.park etc.; 0: not loaded) -----
+    @property
+    def has_kv_tiers(self) -> bool:
+        return self._engine is not None and self._engine.has_kv_tiers
+
     async def park_kv(self, token_ids: Sequence[int]) -> int:
         return await self._engine.park(token_ids) if self._engine is not None else 0
 
