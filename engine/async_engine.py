@@ -57,7 +57,17 @@ class AbortRequest:
     request_id: str
 
 
-Command = AddRequest | AbortRequest
+@dataclass(frozen=True, slots=True)
+class TierRequest:
+    """Inbox command: `action` ("park", "prefetch" or "forget": BlockManager's methods)
+    on a token sequence's blocks in the KV tiers; `done` gets the number of blocks."""
+
+    action: str
+    token_ids: tuple[int, ...]
+    done: asyncio.Future
+
+
+Command = AddRequest | AbortRequest | TierRequest
 
 
 class AsyncEngine:
@@ -95,6 +105,11 @@ class AsyncEngine:
     @property
     def max_model_len(self) -> int:
         return self.core.max_model_len
+
+    @property
+    def has_kv_tiers(self) -> bool:
+        """Whether blocks can go below the pool (park, prefetch and forget do anything)."""
+        return self.core.kv_tiers is not None
 
     @property
     def is_alive(self) -> bool:
@@ -177,6 +192,28 @@ class AsyncEngine:
         if request_id in self._mailboxes:
             self._submit(AbortRequest(request_id))
 
+    # -- a sequence's KV in the tiers (a session's, parked while it idles) -------------
+    async def park(self, token_ids: Sequence[int]) -> int:
+        """Write the pool's full blocks of `token_ids` down to host RAM and through to
+        disk (between steps; the disk writes on their own thread); how many were."""
+        return await self._tier_call("park", token_ids)
+
+    async def prefetch(self, token_ids: Sequence[int]) -> int:
+        """Load the tiers' blocks of `token_ids` into the pool ahead of a request that
+        will ask for them; how many of its leading blocks the pool then holds."""
+        return await self._tier_call("prefetch", token_ids)
+
+    async def forget(self, token_ids: Sequence[int]) -> int:
+        """Delete the tiers' copies of the blocks of `token_ids`; how many there were."""
+        return await self._tier_call("forget", token_ids)
+
+    async def _tier_call(self, action: str, token_ids: Sequence[int]) -> int:
+        if not self.is_alive or not self.has_kv_tiers:
+            return 0
+        done = self._loop.create_future()
+        self._submit(TierRequest(action, tuple(token_ids), done))
+        return await done
+
     def _submit(self, command: Command) -> None:
         with self._wake:
             self._inbox.append(command)
@@ -219,6 +256,8 @@ class AsyncEngine:
                     self.core.abort_request(request_id)
                 case AddRequest():
                     self._add(command)
+                case TierRequest():
+                    self._tier(command)
 
     def _add(self, command: AddRequest) -> None:
         try:
@@ -228,6 +267,15 @@ class AsyncEngine:
             failed = RequestOutput(command.request_id, "", [], finished=True,
                                    finish_reason="error", error=str(exc))
             self._loop.call_soon_threadsafe(self._dispatch, [failed])
+
+    def _tier(self, command: TierRequest) -> None:
+        try:
+            result = getattr(self.core.blocks, command.action)(command.token_ids)
+        except Exception:  # noqa: BLE001 - a tier fault costs the cache, not the engine
+            log.exception("KV tier %s failed", command.action)
+            result = 0
+        self._stats = self.core.stats()  # the tiers' bytes and counts, for /metrics
+        self._loop.call_soon_threadsafe(_settle, command.done, result)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -240,6 +288,16 @@ class AsyncEngine:
         self._died.set()
 
     def _fail_all(self, message: str) -> None:
+        with self._wake:  # tier calls the loop never reached: nothing was done
+            commands, self._inbox = self._inbox, []
+        for command in commands:
+            if isinstance(command, TierRequest):
+                _settle(command.done, 0)
         for request_id, mailbox in list(self._mailboxes.items()):
             mailbox.put(RequestOutput(request_id, "", [], finished=True,
                                         finish_reason="error", error=message))
+
+
+def _settle(done: asyncio.Future, result: int) -> None:
+    if not done.done():  # its caller may have been cancelled
+        done.set_result(result)

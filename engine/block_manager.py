@@ -102,19 +102,56 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         tokens = request.all_token_ids
-        max_blocks = (len(tokens) - 1) // self.block_size
-        found, parent_hash = [], None
-        for index in range(max_blocks):
-            chunk = tuple(tokens[index * self.block_size:(index + 1) * self.block_size])
-            block_hash = hash_block_tokens(parent_hash, chunk)
+        return self._lookup(tokens, (len(tokens) - 1) // self.block_size)
+
+    def _lookup(self, tokens: Sequence[int], max_blocks: int) -> list[int]:
+        found = []
+        for block_hash, parent_hash, chunk in self._chain(tokens, max_blocks):
             block_id = self.hash_to_block.get(block_hash)
             if block_id is None:
                 block_id = self._load_from_tiers(block_hash, parent_hash, chunk, found)
             if block_id is None or not self.blocks[block_id].holds(parent_hash, chunk):
                 break
             found.append(block_id)
-            parent_hash = block_hash
         return found
+
+    def _chain(self, tokens: Sequence[int], max_blocks: int):
+        """(block hash, parent hash, token chunk) of the first `max_blocks` full blocks."""
+        parent_hash = None
+        for index in range(min(max_blocks, len(tokens) // self.block_size)):
+            chunk = tuple(tokens[index * self.block_size:(index + 1) * self.block_size])
+            block_hash = hash_block_tokens(parent_hash, chunk)
+            yield block_hash, parent_hash, chunk
+            parent_hash = block_hash
+
+    # -- a sequence's blocks in the tiers (a session's parking, resume and deletion) ---
+    def park(self, tokens: Sequence[int]) -> int:
+        """Write the pool's full blocks of `tokens` down to the tiers now (through to disk
+        where there is one), so they outlive their pool blocks and this process; the
+        pool keeps them too. Returns the number of blocks written."""
+        if self.tiers is None:
+            return 0
+        parked = 0
+        for block_hash, parent_hash, chunk in self._chain(tokens, len(tokens)):
+            block_id = self.hash_to_block.get(block_hash)
+            if block_id is not None and self.blocks[block_id].holds(parent_hash, chunk):
+                self.tiers.park(block_hash, parent_hash, chunk, block_id)
+                parked += 1
+        return parked
+
+    def prefetch(self, tokens: Sequence[int]) -> int:
+        """Load the tiers' blocks of `tokens` into free pool blocks ahead of a request
+        that will ask for them; returns how many of its leading blocks the pool holds."""
+        if self.tiers is None:
+            return 0
+        return len(self._lookup(tokens, len(tokens) // self.block_size))
+
+    def forget(self, tokens: Sequence[int]) -> int:
+        """Delete the tiers' copies of the blocks of `tokens`; returns how many there were."""
+        if self.tiers is None:
+            return 0
+        return sum(self.tiers.forget(block_hash)
+                   for block_hash, _, _ in self._chain(tokens, len(tokens)))
 
     def _load_from_tiers(self, block_hash: bytes, parent_hash: bytes | None,
                          chunk: tuple[int, ...], found: list[int]) -> int | None:

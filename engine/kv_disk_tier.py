@@ -99,6 +99,13 @@ class DiskTier:
             self._forget(block_hash, corrupt=True)
         return block
 
+    def discard(self, block_hash: bytes) -> bool:
+        """Delete the block's file (a queued write of it is skipped); whether it was held."""
+        with self.lock:
+            held = self.pending.pop(block_hash, None) is not None or block_hash in self.index
+        self._forget(block_hash, corrupt=False)
+        return held
+
     def flush(self) -> None:
         """Wait until every queued block is written."""
         self.queue.join()
@@ -122,6 +129,9 @@ class DiskTier:
         self.queue.task_done()
 
     def _write(self, block_hash: bytes, block: TieredBlock) -> None:
+        with self.lock:
+            if block_hash not in self.pending:  # discarded while queued
+                return
         started = time.perf_counter()
         data = self._encode(block)
         if len(data) > self.capacity:

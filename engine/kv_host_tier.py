@@ -51,6 +51,13 @@ class HostTier:
             return None
         return self.entries[block_hash]
 
+    def discard(self, block_hash: bytes) -> bool:
+        """Delete a block; whether it was held."""
+        block = self.entries.pop(block_hash, None)
+        if block is not None:
+            self.used -= block.nbytes
+        return block is not None
+
     def put(self, block_hash: bytes, block: TieredBlock) -> list[tuple[bytes, TieredBlock]]:
         """Keep `block`; returns the blocks dropped to stay within capacity, oldest first
         (`block` itself when it does not fit at all), for the tier below."""

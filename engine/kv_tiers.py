@@ -45,8 +45,29 @@ class KVTiers:
         if self.host.touch(block_hash) or (self.host.capacity == 0 and self.disk is not None
                                            and block_hash in self.disk):
             return  # loaded from a tier earlier: the same KV is still there
+        self._keep(block_hash, TieredBlock(parent_hash, token_ids, self._read(block_id)))
+
+    def park(self, block_hash: bytes, parent_hash: bytes | None,
+             token_ids: tuple[int, ...], block_id: int) -> None:
+        """Write a pool block down now, whatever the pool does next: into host RAM and
+        through to disk (queued: the writer thread does the file), so a restart finds it."""
+        block = self.host.get(block_hash)
+        if block is None:
+            block = TieredBlock(parent_hash, token_ids, self._read(block_id))
+            self._keep(block_hash, block)
+        if self.disk is not None:
+            self.disk.put(block_hash, block)  # a no-op where it is written or queued
+
+    def forget(self, block_hash: bytes) -> bool:
+        """Delete the block from every tier; whether any held it."""
+        held = self.host.discard(block_hash)
+        if self.disk is not None:
+            held = self.disk.discard(block_hash) or held
+        return held
+
+    def _keep(self, block_hash: bytes, block: TieredBlock) -> None:
+        """Into host RAM; what that drops goes to disk."""
         started = time.perf_counter()
-        block = TieredBlock(parent_hash, token_ids, self._read(block_id))
         dropped = self.host.put(block_hash, block)
         if block_hash in self.host:
             self.host_stats.stores += 1

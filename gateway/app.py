@@ -7,6 +7,7 @@
         model      loaded in the background (/health and /ready answer meanwhile), stopped;
                    the registry marks a model failed once its engine dies (for the
                    default: /health and /ready 503, the entry point exits for a restart)
+        session_kv parks of closed sessions' KV (gateway/sessions/kv.py) land, then stop
       on_shutdown: close every open socket (1012 after a drain, else 1001)
     drain(app): /ready -> 503, `draining` to every socket, in-flight work finishes up to
                 drain_timeout_s, the rest is cancelled, sockets close with 1012; all done
@@ -56,7 +57,7 @@ def build_app(config: GatewayConfig, scheduler: Scheduler,
     app = web.Application(client_max_size=config.max_message_bytes,
                           middlewares=[openai.v1_errors])
     app[RUNTIME] = rt
-    app.cleanup_ctx.extend([_store, _scheduler, _model])
+    app.cleanup_ctx.extend([_store, _scheduler, _model, _session_kv])
     app.on_shutdown.append(close_sockets)
     _routes(app.router)
     responses.setup(app)
@@ -121,6 +122,12 @@ async def _model(app: web.Application):
         with contextlib.suppress(asyncio.CancelledError):
             await task
     await models.stop()
+
+
+async def _session_kv(app: web.Application):
+    """Stopped before the models: the parks of the sockets a shutdown closed land first."""
+    yield
+    await app[RUNTIME].session_kv.stop()
 
 
 async def _preload_others(models, default_loading: asyncio.Task) -> None:

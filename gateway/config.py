@@ -85,6 +85,10 @@ class GatewayConfig:
     render_timeout_s: float = setting(10.0, "seconds a prompt may take to render and "
                                       "tokenize, off the event loop; beyond it the "
                                       "request answers too_large", flag="--render-timeout")
+    kv_park_idle_s: float = setting(15.0, "seconds a session may go without a turn before "
+                                    "its KV blocks are written down to the engine's KV "
+                                    "tiers (host RAM, disk), as they are when its last "
+                                    "socket closes; 0: only then", flag="--kv-park-idle")
     api_keys: tuple[str, ...] = setting((), "an API key (repeatable; also "
                                         "--api-key-file and TOKENWIRE_API_KEYS)",
                                         flag="--api-key", repeat=True)
@@ -146,6 +150,8 @@ class GatewayConfig:
                               "--ssl-certfile")
         if self.tool_call_parser not in ("auto", "hermes", "llama3_json"):
             raise ConfigError("tool_call_parser", "must be auto, hermes or llama3_json")
+        if not self.kv_park_idle_s >= 0:
+            raise ConfigError("kv_park_idle_s", "must be >= 0 (0: park only on close)")
         if self.receive_timeout_s is not None and not self.receive_timeout_s > 0:
             raise ConfigError("receive_timeout_s", "must be > 0 or None")
         if self.default_max_tokens > self.max_tokens_cap:

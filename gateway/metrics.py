@@ -121,6 +121,35 @@ class _EngineCollector:
                        "and verified", s.spec_proposed_tokens)
         yield _counter("spec_decode_num_accepted_tokens", "Speculative decoding: proposed "
                        "tokens accepted", s.spec_accepted_tokens)
+        yield from _tier_families(s.kv_tiers)
+
+
+# (metric, help, TierStats field, counter?) per KV tier (labelled tier="host"|"disk")
+_TIER_SERIES = (
+    ("kv_tier_hit_tokens", "Prompt tokens loaded from the KV tier into the pool", "hits", True),
+    ("kv_tier_used_bytes", "Bytes the KV tier holds", "bytes", False),
+    ("kv_tier_capacity_bytes", "Bytes the KV tier may hold", "capacity", False),
+    ("kv_tier_stores", "Blocks written to the KV tier", "stores", True),
+    ("kv_tier_loads", "Blocks loaded from the KV tier into the pool", "loads", True),
+    ("kv_tier_store_seconds", "Seconds spent writing blocks to the KV tier", "store_seconds",
+     True),
+    ("kv_tier_load_seconds", "Seconds spent loading blocks from the KV tier", "load_seconds",
+     True),
+    ("kv_tier_dropped_blocks", "Blocks the KV tier let go to stay within its bounds",
+     "dropped", True),
+    ("kv_tier_corrupt_blocks", "Block files that failed their check (deleted, re-prefilled)",
+     "corrupt", True),
+)
+
+
+def _tier_families(tiers: dict):
+    """Per-tier series; none where the tiers are off."""
+    for name, doc, attr, is_counter in _TIER_SERIES:
+        family = (CounterMetricFamily if is_counter else GaugeMetricFamily)(
+            P + name, doc, labels=["tier"])
+        for tier, stats in tiers.items():
+            family.add_metric([tier], getattr(stats, attr))
+        yield family
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -21,6 +21,7 @@ from aiohttp import web
 from gateway.config import GatewayConfig
 from gateway.errors import RequestError
 from gateway.metrics import Metrics
+from gateway.sessions.kv import SessionKV
 from gateway.sessions.registry import SessionRegistry
 from gateway.stream import Stream
 from gateway.tokens import ClientSecrets
@@ -53,9 +54,14 @@ class Runtime:
     # open sockets and HTTP requests per API key (its hash)
     key_holds: collections.Counter = field(default_factory=collections.Counter)
     tokens: ClientSecrets = field(init=False)  # ephemeral client secrets of the keys
+    session_kv: SessionKV = field(init=False)  # sessions' KV parked and prefetched
 
     def __post_init__(self):
         self.tokens = ClientSecrets(self.config.client_secret_key, self.config.key_hashes)
+        self.session_kv = SessionKV(self.scheduler.models, self.config.kv_park_idle_s,
+                                    self.config.render_timeout_s,
+                                    self.config.tool_call_parser)
+        self.sessions.on_saved = self.session_kv.saved
 
     @property
     def model(self) -> ModelSlot:

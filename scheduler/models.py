@@ -204,6 +204,20 @@ class ModelSlot:
         """Raise what the engine would raise for this request, before admission."""
         self._engine.validate(prompt, params)
 
+    # -- a session's KV in the engine's tiers (AsyncEngine.park etc.; 0: not loaded) -----
+    @property
+    def has_kv_tiers(self) -> bool:
+        return self._engine is not None and self._engine.has_kv_tiers
+
+    async def park_kv(self, token_ids: Sequence[int]) -> int:
+        return await self._engine.park(token_ids) if self._engine is not None else 0
+
+    async def prefetch_kv(self, token_ids: Sequence[int]) -> int:
+        return await self._engine.prefetch(token_ids) if self._engine is not None else 0
+
+    async def forget_kv(self, token_ids: Sequence[int]) -> int:
+        return await self._engine.forget(token_ids) if self._engine is not None else 0
+
     def engine(self) -> AsyncEngine:
         """The engine itself: for the scheduler's dispatch, not for the gateway."""
         return self._engine

@@ -8,9 +8,12 @@ flags here are the process's own (model choice, threads, state directory, loggin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 from pathlib import Path
+
+import psutil
 
 from common.errors import ConfigError
 from gateway.cli.flags import add_config_flags, config_values
@@ -21,6 +24,11 @@ from gateway.sessions.store import SessionStoreConfig
 from scheduler.config import SchedulerConfig
 
 log = logging.getLogger("tokenwire.serve")
+
+# --kv-tiers auto's host tier: this share of the memory available at start, at most the cap
+# (the tier fills only as blocks are written down: an idle server holds none of it).
+KV_HOST_SHARE = 0.25
+KV_HOST_CAP = 4 << 30
 
 # Set by their own flags (the model and where it runs), not generated.
 _ENGINE_SKIP = frozenset({"model", "device", "dtype"})
@@ -40,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--keep-alive", type=float, default=DEFAULT_KEEP_ALIVE_S, metavar="SECONDS",
       help="idle seconds before a model other than the default is unloaded (0: after "
       "each request, -1: never; default: %(default)s)")
+    a("--kv-tiers", choices=("auto", "off"), default="auto",
+      help="KV tiers under the prefix cache: auto turns them on with a persistent session "
+      "store (host RAM sized from available memory, disk in the state directory, unless "
+      "--kv-host-bytes or --kv-disk-dir say otherwise; off with memory: sessions); off "
+      "turns them off (docs/sessions.md)")
     a("--device", default="auto", help="auto | cpu | cuda[:N]")
     a("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
     a("--num-threads", type=int, default=None,
@@ -104,9 +117,29 @@ def engine_config(args: argparse.Namespace):
                **config_values(args, cls, _ENGINE_SKIP))
 
 
-def models(args: argparse.Namespace) -> tuple[list[ModelSpec], int | None]:
+def kv_tier_values(args: argparse.Namespace, environ: dict) -> dict:
+    """The engine's KV tier settings --kv-tiers makes: off, both off; auto with a
+    persistent session store, a host tier of KV_HOST_SHARE of the available memory (at
+    most KV_HOST_CAP) and a disk tier under the state directory, where the flags give
+    neither; auto with memory: sessions, what the flags give."""
+    if args.kv_tiers == "off":
+        return {"kv_host_bytes": 0, "kv_disk_dir": None}
+    given = config_values(args, _engine_config_cls(), _ENGINE_SKIP)
+    if session_store_config(args, environ).url.startswith("memory:"):
+        return {}
+    values = {}
+    if "kv_host_bytes" not in given:
+        available = psutil.virtual_memory().available
+        values["kv_host_bytes"] = min(int(available * KV_HOST_SHARE), KV_HOST_CAP)
+    if "kv_disk_dir" not in given:
+        values["kv_disk_dir"] = str(state_dir(args, environ) / "kv")
+    return values
+
+
+def models(args: argparse.Namespace, environ: dict) -> tuple[list[ModelSpec], int | None]:
     """The served models (the first is the default) and the memory budget."""
-    specs, budget = model_specs(args.model, args.models, engine_config(args), args.keep_alive)
+    base = dataclasses.replace(engine_config(args), **kv_tier_values(args, environ))
+    specs, budget = model_specs(args.model, args.models, base, args.keep_alive)
     if args.models_memory is not None:
         budget = args.models_memory
     if budget is not None and budget <= 0:
@@ -123,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = gateway_config(args, dict(os.environ))
-        specs, budget = models(args)
+        specs, budget = models(args, dict(os.environ))
         sched_cfg = scheduler_config(args)
         store_cfg = session_store_config(args, dict(os.environ))
         tls = server_ssl_context(config)

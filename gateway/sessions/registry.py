@@ -23,6 +23,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Callable
 
 from gateway.sessions.live import LiveSession
 from gateway.sessions.store import (
@@ -48,6 +49,7 @@ class SessionRegistry:
         self._live: dict[str, LiveSession] = {}
         self._loading: dict[str, asyncio.Future[LiveSession | None]] = {}
         self._probe: asyncio.Future | None = None
+        self.on_saved: Callable[[LiveSession], None] | None = None  # after each stored save
 
     def __len__(self) -> int:
         return len(self._live)
@@ -137,6 +139,8 @@ class SessionRegistry:
         try:
             async with live.save_lock:  # one at a time: each expects the last one's version
                 await self.store.save(live.record)
+            if self.on_saved is not None:
+                self.on_saved(live)
         except SessionTooLargeError as exc:
             return exc
         except SessionStoreUnavailableError as exc:

@@ -106,6 +106,8 @@ async def _serve(request: web.Request, rt: Runtime, chosen: str | None, owner: s
         if refusal is not None:
             await _refuse(ws, protocol, refusal)
             return ws
+        if resumed:
+            rt.session_kv.resumed(live)
         rt.connections.add(core)
         rt.metrics.ws_active.inc()
         await core.serve(protocol)
@@ -114,4 +116,6 @@ async def _serve(request: web.Request, rt: Runtime, chosen: str | None, owner: s
             rt.connections.discard(core)
             rt.metrics.ws_active.dec()
         rt.sessions.detach(live)
+        if live.refs == 0:
+            rt.session_kv.closed(live)
     return ws

@@ -52,7 +52,7 @@ def test_every_gateway_field_has_a_flag():
                  "--client-secret-ttl", "60", "--client-secret-max-ttl", "120",
                  "--client-secret-key", "k" * 32, "--max-tools", "5",
                  "--tool-call-parser", "hermes", "--background-log-time", "7",
-                 "--max-chat-template-kwargs-bytes", "99")
+                 "--max-chat-template-kwargs-bytes", "99", "--kv-park-idle", "3")
     config = serve.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
     defaults = GatewayConfig()
     unchanged = [f.name for f in dataclasses.fields(GatewayConfig)
@@ -163,3 +163,21 @@ def test_num_threads_is_set_by_the_entry_point_only():
     with pytest.raises(ConfigError):
         set_num_threads(0)
     assert "num_threads" not in {f.name for f in dataclasses.fields(EngineConfig)}
+
+
+def test_kv_tiers_are_on_with_the_persistent_store_and_off_on_request(tmp_path):
+    environ = {}
+    on = serve.kv_tier_values(parse("--state-dir", str(tmp_path)), environ)
+    assert on["kv_disk_dir"] == str(tmp_path / "kv")
+    assert 0 < on["kv_host_bytes"] <= serve.KV_HOST_CAP
+    # Flags given win over what auto sizes; memory: sessions leave the tiers as flagged.
+    given = parse("--state-dir", str(tmp_path), "--kv-host-bytes", "1024")
+    assert serve.kv_tier_values(given, environ) == {"kv_disk_dir": str(tmp_path / "kv")}
+    assert serve.kv_tier_values(parse("--session-store", "memory:"), environ) == {}
+    for argv in (("--kv-tiers", "off"), ("--kv-tiers", "off", "--kv-host-bytes", "9")):
+        assert serve.kv_tier_values(parse(*argv), environ) == {"kv_host_bytes": 0,
+                                                               "kv_disk_dir": None}
+    specs, _ = serve.models(parse("--state-dir", str(tmp_path)), environ)
+    assert specs[0].engine.kv_disk_dir == str(tmp_path / "kv")
+    with pytest.raises(SystemExit):
+        parse("--kv-tiers", "maybe")
