@@ -17,7 +17,8 @@ import platform
 log = logging.getLogger(__name__)
 
 SOURCES = [os.path.join(os.path.dirname(__file__), name)
-           for name in ("ops.cpp", "linear.cpp", "prefill_attention.cpp", "decode_stack.cpp")]
+           for name in ("ops.cpp", "linear.cpp", "prefill_attention.cpp", "decode_stack.cpp",
+                        "gemma_decode_stack.cpp")]
 # The attention kernels (decode, prefill and the fused qkv paths) are built for these head
 # sizes (templates); 256 is Gemma 3's.
 ATTENTION_HEAD_DIMS = (64, 128, 256)
