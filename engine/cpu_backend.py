@@ -9,7 +9,7 @@ import torch
 
 from engine.attention import AttentionMetadata, TorchAttention
 from engine.ops import TorchOps
-from kernels.cpu import ATTENTION_HEAD_DIMS, DECODE_HEAD_DIMS
+from kernels.cpu import ATTENTION_HEAD_DIMS
 
 
 class CpuAttention(TorchAttention):
@@ -58,7 +58,7 @@ class CpuAttention(TorchAttention):
         return self.attend_stored(q, None, None, kv_cache, meta).view(q.shape[0], -1)
 
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata):
-        if q.dtype != torch.float32 or self.head_dim not in DECODE_HEAD_DIMS:
+        if q.dtype != torch.float32 or self.head_dim not in ATTENTION_HEAD_DIMS:
             return super()._decode(q, k_cache, v_cache, meta)
         out = torch.empty_like(q)
         self.kernels.paged_decode_attention(out, q, k_cache, v_cache, meta.block_tables,

@@ -1,22 +1,24 @@
 """Decode-only steps on CPU in one C++ call: kernels/cpu/decode_stack.cpp runs every
-decoder layer of a model whose projections are all quantized (QuantLinear), with the same
-kernels in the same order as LlamaModel.forward, so the same bits come out. What it saves
-is the Python between the kernels: ~1 ms of an ~11 ms SmolLM2-135M step at batch 1, where a
-lone chat's every token waits on it. Steps with prefill rows, and models it does not cover,
-keep LlamaModel.forward."""
+decoder layer of a Llama-style model whose projections are all quantized (QuantLinear),
+gemma_decode_stack.cpp those of Gemma 3, each with the same kernels in the same order as the
+model's forward, so the same bits come out. What it saves is the Python between the
+kernels: ~1 ms of an ~11 ms SmolLM2-135M step at batch 1, where a lone chat's every token
+waits on it. Steps with prefill rows, and models it does not cover, keep the model's
+forward."""
 from __future__ import annotations
 
 import torch
 
 from engine.attention import AttentionMetadata
 from engine.cpu_backend import CpuAttention
+from engine.models.gemma3 import Gemma3Model
 from engine.models.llama import LlamaModel
 from engine.quant.linear import QuantLinear, embedding
 from kernels.cpu import ATTENTION_HEAD_DIMS
 
 
 class CpuDecodeStack:
-    """LlamaModel.forward for decode-only steps, in C++."""
+    """LlamaModel.forward (or Gemma3Model.forward) for decode-only steps, in C++."""
 
     def __init__(self, model: LlamaModel, stack):
         self.model = model
@@ -25,30 +27,53 @@ class CpuDecodeStack:
     @classmethod
     def build(cls, model: LlamaModel) -> CpuDecodeStack | None:
         """The stack for `model`, or None where it does not cover it: not the C++ attention
-        (or its head size), a sliding window, Qwen3's q/k norms, or a projection that is not
-        quantized."""
+        (or its head size), fp32 norms and quantized projections; for Llama-style models
+        also no sliding window and no q/k norms (Qwen3's)."""
         attention, c = model.attention, model.config
         if not isinstance(attention, CpuAttention) or c.head_dim not in ATTENTION_HEAD_DIMS \
-                or c.sliding_window is not None or c.architecture != "llama":
+                or model.norm.dtype != torch.float32 or not all(
+                    isinstance(p, QuantLinear) for layer in model.layers
+                    for p in _projections(layer)):
             return None
-        if model.norm.dtype != torch.float32 or any(
-                layer.q_norm is not None or not all(
-                    isinstance(p, QuantLinear) for p in _projections(layer))
-                for layer in model.layers):
+        if isinstance(model, Gemma3Model):
+            return cls(model, _gemma_stack(model))
+        if c.sliding_window is not None or c.architecture != "llama" or any(
+                layer.q_norm is not None for layer in model.layers):
             return None
-        stack = attention.kernels.DecodeStack(model.norm, c.num_heads, attention.scale,
-                                              c.rms_norm_eps)
-        for layer in model.layers:
-            stack.add_layer(layer.input_norm, layer.post_norm,
-                            *(_arguments(p) for p in _projections(layer)))
-        return cls(model, stack)
+        return cls(model, _llama_stack(model))
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches):
         """input_ids, positions [T], one token per sequence -> hidden [T, hidden]."""
         assert meta.num_decodes == input_ids.shape[0], "decode-only steps"
+        if isinstance(self.model, Gemma3Model):
+            return self.stack.forward(self.model.embed_tokens(input_ids), positions,
+                                      meta.slot_mapping, meta.block_tables, meta.seq_lens,
+                                      kv_caches)
         return self.stack.forward(embedding(input_ids, self.model.embed), positions,
                                   self.model.cos_sin_cache, meta.slot_mapping,
                                   meta.block_tables, meta.seq_lens, kv_caches)
+
+
+def _llama_stack(model: LlamaModel):
+    c, attention = model.config, model.attention
+    stack = attention.kernels.DecodeStack(model.norm, c.num_heads, attention.scale,
+                                          c.rms_norm_eps)
+    for layer in model.layers:
+        stack.add_layer(layer.input_norm, layer.post_norm,
+                        *(_arguments(p) for p in _projections(layer)))
+    return stack
+
+
+def _gemma_stack(model: Gemma3Model):
+    c, attention = model.config, model.attention
+    stack = attention.kernels.GemmaDecodeStack(model.norm, c.num_heads, c.num_kv_heads,
+                                               attention.scale, c.rms_norm_eps)
+    for i, (layer, extra) in enumerate(zip(model.layers, model.extra_norms)):
+        norms = [layer.input_norm, layer.post_norm, extra.pre_feedforward,
+                 extra.post_feedforward, layer.q_norm, layer.k_norm]
+        stack.add_layer(norms, model.layer_cos_sin_cache(i), c.layer_window(i) or 0,
+                        *(_arguments(p) for p in _projections(layer)))
+    return stack
 
 
 def _projections(layer) -> tuple:

@@ -4,6 +4,7 @@ the paged cache). Checks both give the same output first, then prints the best-o
 per layer call, GFLOP/s and the ratio.
 
     python -m loadtest.attention_bench            # SmolLM2-135M's heads (9 q, 3 kv, D 64)
+    python -m loadtest.attention_bench --heads 4 1 256 --window 512   # Gemma 3 270M's local layers
 """
 from __future__ import annotations
 
@@ -48,16 +49,19 @@ def paged_step(seq_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size=1
     return q, k, v, caches, meta
 
 
-def causal_flops(seq_lens, q_lens, num_heads, head_dim) -> float:
-    """QK^T and PV over the visible query-key pairs."""
-    pairs = sum(n * (s - n) + n * (n + 1) / 2 for s, n in zip(seq_lens, q_lens))
+def causal_flops(seq_lens, q_lens, num_heads, head_dim, window=None) -> float:
+    """QK^T and PV over the visible query-key pairs (the query at position p sees p + 1
+    keys, at most `window`)."""
+    pairs = sum(min(p + 1, window or p + 1) for s, n in zip(seq_lens, q_lens)
+                for p in range(s - n, s))
     return 4.0 * pairs * num_heads * head_dim
 
 
-def run_case(kernels, seq_lens, q_lens, heads, repeats) -> dict[str, float]:
+def run_case(kernels, seq_lens, q_lens, heads, repeats, window=None) -> dict[str, float]:
     """Best seconds per call of each backend's prefill path, after checking they agree."""
     q, k, v, (k_cache, v_cache), meta = paged_step(seq_lens, q_lens, *heads)
-    backends = {"torch": TorchAttention(*heads), "cpu": CpuAttention(*heads, kernels)}
+    backends = {"torch": TorchAttention(*heads, window=window),
+                "cpu": CpuAttention(*heads, kernels, window=window)}
     outs = {name: torch.empty_like(q) for name in backends}
     calls = {name: (lambda a=a, o=outs[name]: a._prefill(q, k, v, k_cache, v_cache, meta, o))
              for name, a in backends.items()}
@@ -71,17 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--heads", type=int, nargs=3, default=[9, 3, 64],
                    metavar=("HEADS", "KV_HEADS", "HEAD_DIM"))
+    p.add_argument("--window", type=int, default=None, help="a sliding window (default: none)")
     p.add_argument("--repeats", type=int, default=20)
     args = p.parse_args(argv)
     kernels = cpu_kernels.load()
     if kernels is None:
         raise SystemExit("the C++ CPU kernels did not build here")
     print(f"prefill attention per layer call, {torch.get_num_threads()} threads, heads "
-          f"{args.heads[0]}/{args.heads[1]}, head_dim {args.heads[2]}, fp32")
+          f"{args.heads[0]}/{args.heads[1]}, head_dim {args.heads[2]}, window {args.window}, fp32")
     print(f"{'case':<32}{'torch ms':>10}{'cpu ms':>9}{'torch GF/s':>12}{'cpu GF/s':>10}{'speed-up':>10}")
     for what, seq_lens, q_lens in CASES:
-        t = run_case(kernels, seq_lens, q_lens, args.heads, args.repeats)
-        flops = causal_flops(seq_lens, q_lens, args.heads[0], args.heads[2])
+        t = run_case(kernels, seq_lens, q_lens, args.heads, args.repeats, args.window)
+        flops = causal_flops(seq_lens, q_lens, args.heads[0], args.heads[2], args.window)
         print(f"{what:<32}{1e3 * t['torch']:>10.2f}{1e3 * t['cpu']:>9.2f}"
               f"{flops / t['torch'] / 1e9:>12.1f}{flops / t['cpu'] / 1e9:>10.1f}"
               f"{t['torch'] / t['cpu']:>9.2f}x")

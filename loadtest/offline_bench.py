@@ -19,7 +19,9 @@ from loadtest.roofline import (SUSTAIN_S, Workload, around, bandwidth_ceiling,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default", help="default, a local HF dir, or dummy:NAME")
+    p.add_argument("--model", default="default",
+                   help="default, a local HF dir, dummy:NAME, a GGUF file or a model wheel "
+                        "(--peer: a GGUF model)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto: bf16 on CUDA, fp32 on CPU")
     p.add_argument("--num-prompts", type=int, default=32)

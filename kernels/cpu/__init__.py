@@ -17,11 +17,11 @@ import platform
 log = logging.getLogger(__name__)
 
 SOURCES = [os.path.join(os.path.dirname(__file__), name)
-           for name in ("ops.cpp", "linear.cpp", "prefill_attention.cpp", "decode_stack.cpp")]
-# paged_prefill_attention (and the fused qkv paths) are built for these head sizes
-# (templates); paged_decode_attention for these and Gemma 3's 256.
-ATTENTION_HEAD_DIMS = (64, 128)
-DECODE_HEAD_DIMS = (64, 128, 256)
+           for name in ("ops.cpp", "linear.cpp", "prefill_attention.cpp", "decode_stack.cpp",
+                        "gemma_decode_stack.cpp")]
+# The attention kernels (decode, prefill and the fused qkv paths) are built for these head
+# sizes (templates); 256 is Gemma 3's.
+ATTENTION_HEAD_DIMS = (64, 128, 256)
 # -march=native: built for the CPU that runs it. -ffast-math lets GCC vectorize exp()
 # (glibc's vector math) and reorder sums; it is a compile flag only, so the library does
 # not switch the process to flush-to-zero when it loads.

@@ -7,24 +7,14 @@
 // The matmul is the quantized module's, borrowed through quant_exports.h.
 #include <torch/extension.h>
 
-#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "ops.h"
-#include "quant_exports.h"
+#include "quant_projection.h"
 
 namespace tokenwire {
 namespace {
-
-// A QuantLinear's arguments to `quant_linear`: codes, scales, offsets, bits, sub, bias, isa.
-using Projection = std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t,
-                              std::optional<at::Tensor>, int64_t>;
-
-at::Tensor project(const QuantExports& quant, const at::Tensor& x, const Projection& p) {
-  const auto& [codes, scales, offsets, bits, sub, bias, isa] = p;
-  return quant.linear(x, codes, scales, offsets, bits, sub, bias, isa);
-}
 
 struct Layer {
   at::Tensor input_norm, post_norm;
@@ -48,8 +38,7 @@ class DecodeStack {
                      const at::Tensor& cos_sin_cache, const at::Tensor& slot_mapping,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      const std::vector<std::pair<at::Tensor, at::Tensor>>& kv) {
-    const QuantExports* quant = borrowed_quant_exports();
-    TORCH_CHECK(quant != nullptr, "the quantized module's exports were not handed over");
+    const QuantExports& quant = quant_or_throw();
     TORCH_CHECK(kv.size() == layers_.size(), kv.size(), " KV caches for ", layers_.size(),
                 " layers");
     std::optional<at::Tensor> residual;
@@ -64,12 +53,12 @@ class DecodeStack {
         x = normed[0], residual = normed[1];
       }
       const at::Tensor attn = qkv_decode_attention(
-          project(*quant, x, layer.qkv), positions, cos_sin_cache, kv[i].first, kv[i].second,
+          project(quant, x, layer.qkv), positions, cos_sin_cache, kv[i].first, kv[i].second,
           slot_mapping, block_tables, seq_lens, num_heads_, scale_);
-      hidden = project(*quant, attn, layer.o);
+      hidden = project(quant, attn, layer.o);
       auto normed = rms_norm(hidden, layer.post_norm, eps_, residual);
       residual = normed[1];
-      hidden = project(*quant, silu_and_mul(project(*quant, normed[0], layer.gate_up)),
+      hidden = project(quant, silu_and_mul(project(quant, normed[0], layer.gate_up)),
                        layer.down);
     }
     return rms_norm(hidden, final_norm_, eps_, residual)[0];

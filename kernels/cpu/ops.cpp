@@ -448,7 +448,10 @@ torch::Tensor silu_and_mul(torch::Tensor x_in) {
 
 // The GIL is released while a kernel runs (as torch's own ops do), so the server's event
 // loop thread keeps running beside the engine thread.
-namespace tokenwire { void bind_decode_stack(py::module_& m); }
+namespace tokenwire {
+void bind_decode_stack(py::module_& m);
+void bind_gemma_decode_stack(py::module_& m);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
@@ -467,6 +470,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, no_gil);
   m.def("pack_linear_weight", &tokenwire::pack_linear_weight, no_gil);
   tokenwire::bind_decode_stack(m);
+  tokenwire::bind_gemma_decode_stack(m);
   // The quant module's exports(), or None: decode attention on OpenMP again.
   m.def("use_quant_exports", [](std::optional<py::capsule> capsule) {
     const tokenwire::QuantExports* table = nullptr;

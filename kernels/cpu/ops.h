@@ -14,3 +14,9 @@ torch::Tensor qkv_decode_attention(torch::Tensor qkv, torch::Tensor positions,
                                    torch::Tensor block_tables, torch::Tensor seq_lens,
                                    int64_t num_heads, double scale);
 torch::Tensor silu_and_mul(torch::Tensor x_in);
+void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
+                            torch::Tensor v_cache, torch::Tensor block_tables,
+                            torch::Tensor seq_lens, double scale, int64_t window);
+void rotary(torch::Tensor x, torch::Tensor positions, torch::Tensor cos_sin_cache);
+void store_kv(torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
+              torch::Tensor slot_mapping);

@@ -204,7 +204,8 @@ void check_args(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
               "caches must be [num_blocks, block_size, Hkv, D] and alike");
   TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(2) == 0,
               "head_dim or head counts do not match the cache");
-  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128, "head_dim must be 64 or 128, not ", q.size(2));
+  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128 || q.size(2) == 256,
+              "head_dim must be 64, 128 or 256, not ", q.size(2));
   for (auto* t : {&block_tables, &query_start_loc, &seq_lens})
     TORCH_CHECK(t->scalar_type() == at::kInt,
                 "block_tables, query_start_loc and seq_lens must be int32");
@@ -265,8 +266,10 @@ void paged_prefill_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
     for (int64_t i = next++; i < count; i = next++) {
       if (q.size(2) == 64)
         attend_item<64>(args, items[i], scratch);
-      else
+      else if (q.size(2) == 128)
         attend_item<128>(args, items[i], scratch);
+      else  // Gemma 3
+        attend_item<256>(args, items[i], scratch);
     }
   });
 }

@@ -75,3 +75,20 @@ def test_stack_refuses_caches_that_do_not_match_its_layers(llm):
     with pytest.raises(RuntimeError, match="KV caches for 30 layers"):
         stack.stack.forward(hidden, one.long(), stack.model.cos_sin_cache, one.long(),
                             one.view(1, 1), one, [])
+
+
+def test_the_bench_replays_one_captured_decode_step_through_both_paths(llm):
+    """`python -m loadtest.decode_stack_bench`: one real decode step captured, then
+    replayed through the stack and the Python forward, which agree bit for bit."""
+    from loadtest.decode_stack_bench import captured_step, replay
+
+    runner = llm.core.runner
+    args = captured_step(llm, batch=2, context=8)
+    input_ids, positions, meta, _ = args
+    assert input_ids.shape == (2,) and meta.num_decodes == 2
+    assert positions.tolist() == [9, 9]  # the third new token of each 8-token prompt
+    paths = {"fused": runner.decode_stack.forward, "python": runner.model.forward}
+    with torch.inference_mode():
+        assert torch.equal(paths["fused"](*args), paths["python"](*args))
+    times = replay(paths, args, 2)
+    assert all(len(ms) == 2 and min(ms) > 0 for ms in times.values())

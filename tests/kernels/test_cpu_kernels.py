@@ -31,7 +31,7 @@ def test_decode_attention_matches_reference(gen, kernels, num_heads, num_kv_head
     seq_lens = [1, 37, block_size, 3 * block_size + 1, 200]  # partial and exact last blocks
     k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, block_size, num_kv_heads, head_dim,
                                               torch.float32, "cpu")
-    if head_dim not in cpu_kernels.DECODE_HEAD_DIMS:  # not built: the torch path
+    if head_dim not in cpu_kernels.ATTENTION_HEAD_DIMS:  # not built: the torch path
         k_cache, v_cache, tables = readable_by_torch_backend(k_cache, v_cache, tables)
     q = randn(gen, len(seq_lens), num_heads, head_dim, dtype=torch.float32, device="cpu")
     attention = CpuAttention(num_heads, num_kv_heads, head_dim, kernels)

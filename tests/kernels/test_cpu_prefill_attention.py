@@ -13,7 +13,7 @@ from kernels.paged_prefill_attention import paged_prefill_attention_ref
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (9, 3), (8, 1)])
 @pytest.mark.parametrize("block_size", [16, 5])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_matches_reference_ragged(gen, kernels, num_heads, num_kv_heads, block_size, head_dim):
     # an extend over a cached prefix, whole prompts (one spanning several 16-token query
     # chunks and key tiles), one-token extends and prompts, partial last blocks; three
@@ -38,15 +38,18 @@ def test_no_sequences_or_empty_queries_write_nothing(gen, kernels):
     assert_close(out, paged_prefill_attention_ref(q, k_cache, v_cache, tables, starts, lens, 0.1))
 
 
-def _mixed_step(gen, seq_lens: list[int], q_lens: list[int]):
+def _mixed_step(gen, seq_lens: list[int], q_lens: list[int], heads=(9, 3, 64)):
     """A step as the engine builds it (the first two sequences decode): (q, k, v, k_cache,
-    v_cache, block_tables, metadata), the caches readable by the torch backend."""
-    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, 16, 3, 64, torch.float32, "cpu",
-                                              extra_cols=0)
+    v_cache, block_tables, metadata), the caches readable by the torch backend. heads:
+    (query heads, KV heads, head_dim)."""
+    num_heads, num_kv_heads, head_dim = heads
+    k_cache, v_cache, tables, lens = paged_kv(gen, seq_lens, 16, num_kv_heads, head_dim,
+                                              torch.float32, "cpu", extra_cols=0)
     k_cache, v_cache, tables = readable_by_torch_backend(k_cache, v_cache, tables)
     tokens = sum(q_lens)
-    q = randn(gen, tokens, 9, 64, dtype=torch.float32, device="cpu")
-    k, v = (randn(gen, tokens, 3, 64, dtype=torch.float32, device="cpu") for _ in range(2))
+    q = randn(gen, tokens, num_heads, head_dim, dtype=torch.float32, device="cpu")
+    k, v = (randn(gen, tokens, num_kv_heads, head_dim, dtype=torch.float32, device="cpu")
+            for _ in range(2))
     slots = [int(tables[b, p // 16]) * 16 + p % 16 for b, (s, n) in enumerate(zip(seq_lens, q_lens))
              for p in range(s - n, s)]
     meta = AttentionMetadata(
@@ -66,22 +69,24 @@ def test_mixed_step_agrees_with_torch_backend(gen, kernels):
     assert_close(out, expected)
 
 
-@pytest.mark.parametrize("window", [1, 7, 20, 64, 1000])
+@pytest.mark.parametrize("window,heads", [(1, (9, 3, 64)), (7, (9, 3, 64)), (20, (9, 3, 64)),
+                                          (64, (9, 3, 64)), (1000, (9, 3, 64)),
+                                          (20, (4, 1, 256))])  # Gemma 3's heads
 def test_a_sliding_window_agrees_with_torch_backend_and_reads_nothing_older(gen, kernels,
-                                                                          window):
+                                                                          window, heads):
     """A mixed step (decodes, whole prompts over several query chunks and key tiles, an
     extend) with a window: the torch backend's result (held to transformers' by the family
     parity), and every cache slot before the first position a sequence's queries may see
     is NaN for the C++ backend, so reading one would show."""
     seq_lens, q_lens = [40, 7, 50, 90, 150], [1, 1, 50, 20, 150]
-    q, k, v, k_cache, v_cache, tables, meta = _mixed_step(gen, seq_lens, q_lens)
-    expected = TorchAttention(9, 3, 64, window=window)(
+    q, k, v, k_cache, v_cache, tables, meta = _mixed_step(gen, seq_lens, q_lens, heads)
+    expected = TorchAttention(*heads, window=window)(
         q, k, v, (k_cache.clone(), v_cache.clone()), meta)
     for b, (s, n) in enumerate(zip(seq_lens, q_lens)):
         for p in range(max(0, s - n - window + 1)):
             block, offset = int(tables[b, p // 16]), p % 16
             k_cache[block, offset] = v_cache[block, offset] = float("nan")
-    out = CpuAttention(9, 3, 64, kernels, window=window)(q, k, v, (k_cache, v_cache), meta)
+    out = CpuAttention(*heads, kernels, window=window)(q, k, v, (k_cache, v_cache), meta)
     assert_close(out, expected)
 
 
@@ -104,7 +109,7 @@ def test_rejects_bad_arguments(gen, kernels):
     bad[0, 1] = k_cache.shape[0]  # the second block of 20 tokens, in use
     with pytest.raises(RuntimeError, match="block id .* of sequence 0 is outside the cache"):
         call(out, q, k_cache, v_cache, bad, starts, lens, 1.0)
-    with pytest.raises(RuntimeError, match="head_dim must be 64 or 128"):
+    with pytest.raises(RuntimeError, match="head_dim must be 64, 128 or 256"):
         call(out[..., :32].contiguous(), q[..., :32].contiguous(), k_cache[..., :32].contiguous(),
              v_cache[..., :32].contiguous(), tables, starts, lens, 1.0)
     with pytest.raises(RuntimeError, match="head counts"):

@@ -4,7 +4,7 @@
 import os
 
 from loadtest.llama_server import find_llama_server, peer_env
-from loadtest.peer_bench import format_report, median_row
+from loadtest.peer_bench import format_report, gguf_vocab_size, median_row, peer_gguf
 
 
 def side(tpots, rates, failed, rss):
@@ -16,17 +16,34 @@ def side(tpots, rates, failed, rss):
 
 
 def test_table_puts_each_median_beside_the_peers_with_ratios_and_the_rounds():
-    report = {"peer": "llama.cpp", "llama_server": "/x/llama-server", "threads": 2,
+    report = {"peer": "llama.cpp", "model": "default", "llama_server": "/x/llama-server",
+              "threads": 2,
               "input_len": 128, "output_len": 64, "rounds": 3,
               "tokenwire": side([9.0, 8.0, 7.5], [110.0, 120.0, 130.0], 0, 900.0),
               "llama.cpp": side([12.0, 10.0, 9.0], [100.0, 95.0, 105.0], 2, 450.0)}
     text = format_report(report)
-    assert "medians of 3 alternating rounds" in text
+    assert "model default, 2 threads" in text and "medians of 3 alternating rounds" in text
     assert "| c=1: TPOT | 10.0 ms | 8.0 ms | 1.25x faster |" in text
     assert "| c=1: TPOT by round | 12.0 / 10.0 / 9.0 | 9.0 / 8.0 / 7.5 | |" in text
     assert "| c=1: output tok/s | 100 | 120 | 1.20x |" in text
     assert "| c=1: failed | 2 of 24 | 0 of 24 | |" in text
     assert "| server RSS after the runs | 450 MiB | 900 MiB | 2.00x |" in text
+
+
+def test_both_servers_load_the_gguf_the_model_names(tmp_path):
+    """The default model's GGUF, or the one a model names (its prompts' ids drawn from its
+    own vocabulary); a model without a GGUF is refused before anything starts."""
+    from gguf import GGUFWriter
+
+    assert peer_gguf("default").name.endswith(".gguf")
+    assert peer_gguf("dummy:tiny") is None
+    path = tmp_path / "vocab.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_token_list([f"t{i}" for i in range(300)])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert peer_gguf(str(path)) == path and gguf_vocab_size(path) == 300
 
 
 def test_llama_server_waits_its_own_way():
