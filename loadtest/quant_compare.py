@@ -14,6 +14,7 @@ import time
 from loadtest.peer_bench import drive, settled_rss_mib
 from loadtest.report import print_report
 from loadtest.server_process import ServerProcess
+from loadtest.tokenizer import load_tokenizer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,7 +33,8 @@ def serve_and_drive(extra: list[str], args) -> dict:
     started = time.monotonic()
     with ServerProcess(serve) as server:
         ready_s = time.monotonic() - started
-        row = drive(f"{server.base}/v1", 1, 0, args)
+        # Prompt ids from the default model's vocabulary, which the dummy shapes share.
+        row = drive(f"{server.base}/v1", 1, 0, args, len(load_tokenizer("default")))
         return {"rows": {1: row}, "rss_mib": settled_rss_mib(server.proc.pid),
                 "ready_s": ready_s}
 
