@@ -6,4 +6,5 @@ bash scripts/setup.sh test
 . .venv/bin/activate
 # Triton kernels run under its interpreter on CPU tensors.
 export TRITON_INTERPRET=1
-exec python -m pytest -q "$@"
+# The slowest tests are listed at the end, so a run that grew shows where.
+exec python -m pytest -q --durations=30 "$@"
