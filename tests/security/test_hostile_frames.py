@@ -109,11 +109,16 @@ async def _ws_generate(base: str) -> dict:
     return await _ws_frame(base, "/v1/ws", frame, "done")
 
 
-async def _ws_stop_lists(base: str) -> dict:
-    stops = [f"{i}{'z' * 250}" for i in range(16)]
-    frame = {"type": "generate", "id": "h", "prompt": TEXT,
+async def _ws_stop_lists(base: str, num_stops: int = 16, prompt: str = TEXT) -> dict:
+    stops = [f"{i}{'z' * 250}" for i in range(num_stops)]
+    frame = {"type": "generate", "id": "h", "prompt": prompt,
              "params": {"max_tokens": 64, "ignore_eos": True, "stop": stops}}
     return await _ws_frame(base, "/v1/ws", frame, "done")
+
+
+async def _ws_no_stop_list(base: str) -> dict:
+    """As long a prompt, from its first token on another (no prefix-cache hit either way)."""
+    return await _ws_stop_lists(base, num_stops=0, prompt="ipsum " + TEXT[len("lorem "):])
 
 
 async def _realtime_input(base: str) -> dict:
@@ -168,6 +173,12 @@ HOSTILE = {
 }
 
 
+# A hostile request that also generates shares the batch with the stream beside, as any
+# request of its size would: its ITL is compared with that of its benign twin (the same
+# request without what makes it hostile), not with a stream running alone.
+BENIGN_TWIN = {"/v1/ws generate, 16 stop strings of 251 characters": _ws_no_stop_list}
+
+
 @pytest.fixture(scope="module")
 def server(serve):
     return serve()
@@ -191,11 +202,16 @@ async def test_the_worst_frame_of_each_endpoint_stalls_nobody(server, quiet, nam
         replies.append(await HOSTILE[name](server.base))
 
     async with aiohttp.ClientSession() as http:
+        baseline = quiet
+        if name in BENIGN_TWIN:
+            baseline = Watch(http, server.base)
+            await baseline.around(lambda: BENIGN_TWIN[name](server.base))
         watch = Watch(http, server.base)
         await watch.around(hostile)
     print(f"\n{name}: worst /health {watch.worst_health_ms:.1f} ms (quiet "
           f"{quiet.worst_health_ms:.1f}), beside ITL p99 {watch.itl_p99_ms:.1f} ms (quiet "
-          f"{quiet.itl_p99_ms:.1f}); reply {str(replies[0])[:120]}")
+          f"{quiet.itl_p99_ms:.1f}, benign twin {baseline.itl_p99_ms:.1f}); reply "
+          f"{str(replies[0])[:120]}")
     assert replies  # answered (a reply or an error with its code), never left hanging
     assert watch.worst_health_ms < 1000 * HEALTH_BOUND_S
-    assert watch.itl_p99_ms <= 2 * quiet.itl_p99_ms
+    assert watch.itl_p99_ms <= 2 * baseline.itl_p99_ms
