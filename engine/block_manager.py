@@ -225,11 +225,7 @@ class BlockManager:
         rejected tokens may have reached into blocks that nothing now holds. Those blocks
         were never registered in the prefix cache (their tokens were not computed)."""
         keep = self.blocks_needed(num_tokens)
-        for block_id in reversed(request.block_ids[keep:]):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free_queue[block_id] = None
+        self._release(request.block_ids[keep:])
         del request.block_ids[keep:]
 
     def fork(self, parent: Request, child: Request) -> None:
@@ -249,13 +245,18 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Drop the request's references; tail blocks go to the free queue first (evicted first)."""
-        for block_id in reversed(request.block_ids):
+        self._release(request.block_ids)
+        request.block_ids = []
+        request.block_hashes = []
+
+    def _release(self, block_ids: list[int]) -> None:
+        """Drop one reference on each block, last first: a block nothing holds joins the
+        free queue, tail blocks first (evicted first)."""
+        for block_id in reversed(block_ids):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free_queue[block_id] = None
-        request.block_ids = []
-        request.block_hashes = []
 
     def _count_lookup(self, request: Request, num_cached_blocks: int) -> None:
         """Book a request's prefix-cache lookup at its first admission only: a lookup
