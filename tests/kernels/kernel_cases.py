@@ -89,6 +89,20 @@ SPEC_SEQ_LENS = [300, 17, 64, 41, 5]
 SPEC_Q_LENS = [5, 3, 1, 4, 2]
 
 
+def verification_step(gen, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+    """A verification step's inputs (CPU, fp32, blocks of 16) with an earlier verification's
+    rejected rows written past each context, and the reference output computed before
+    they were written: (ragged args, expected)."""
+    from kernels.paged_prefill_attention import paged_prefill_attention_ref
+
+    args = ragged(gen, SPEC_SEQ_LENS, SPEC_Q_LENS, num_heads, num_kv_heads, head_dim,
+                  torch.float32, "cpu", 16)
+    expected = paged_prefill_attention_ref(*args, scale)
+    _, k_cache, v_cache, tables, _, _ = args
+    with_rejected_rows(gen, k_cache, v_cache, tables, SPEC_SEQ_LENS, 3)
+    return args, expected
+
+
 def with_rejected_rows(gen, k_cache, v_cache, tables, seq_lens: list[int], num_rejected: int):
     """Finite K/V (a verification's rejected proposed tokens, left in place by the rollback)
     in the num_rejected slots after each sequence's context, whose tables have room for

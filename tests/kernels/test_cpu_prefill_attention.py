@@ -6,8 +6,8 @@ import torch
 
 from engine.attention import AttentionMetadata, TorchAttention
 from engine.cpu_backend import CpuAttention
-from kernel_cases import (SPEC_Q_LENS, SPEC_SEQ_LENS, assert_close, nan_like, paged_kv,
-                          ragged, randn, readable_by_torch_backend, with_rejected_rows)
+from kernel_cases import (assert_close, nan_like, paged_kv, ragged, randn,
+                          readable_by_torch_backend, verification_step)
 from kernels.paged_prefill_attention import paged_prefill_attention_ref
 
 
@@ -121,11 +121,8 @@ def test_rejects_bad_arguments(gen, kernels):
 def test_multi_query_decode_of_speculative_verification(gen, kernels, num_heads, num_kv_heads):
     """Verification steps (1-5 queries per sequence over a long cached context) run on
     this kernel, with the rejected slots of an earlier verification still holding K/V."""
-    args = ragged(gen, SPEC_SEQ_LENS, SPEC_Q_LENS, num_heads, num_kv_heads, 64,
-                  torch.float32, "cpu", 16)
+    args, expected = verification_step(gen, num_heads, num_kv_heads, 64, 0.125)
     q, k_cache, v_cache, tables, starts, lens = args
-    expected = paged_prefill_attention_ref(*args, 0.125)  # before the rejected rows exist
-    with_rejected_rows(gen, k_cache, v_cache, tables, SPEC_SEQ_LENS, 3)
     out = nan_like(q)
     kernels.paged_prefill_attention(out, q, k_cache, v_cache, tables, starts, lens, 0.125)
     assert_close(out, expected)

@@ -1,8 +1,7 @@
 import pytest
 import torch
 
-from kernel_cases import (SPEC_Q_LENS, SPEC_SEQ_LENS, assert_close, gpu, nan_like, ragged,
-                          with_rejected_rows)
+from kernel_cases import assert_close, gpu, nan_like, ragged, verification_step
 from kernels.paged_decode_attention import paged_decode_attention
 from kernels.paged_prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 
@@ -110,11 +109,7 @@ def test_sliding_window_equals_decode(gen, device):
 def test_multi_query_decode_of_speculative_verification(gen, device, num_heads, num_kv_heads):
     """Verification steps (1-5 queries per sequence over a long cached context) run on
     this kernel, with the rejected slots of an earlier verification still holding K/V."""
-    args = ragged(gen, SPEC_SEQ_LENS, SPEC_Q_LENS, num_heads, num_kv_heads, 32,
-                  torch.float32, "cpu", 16)
-    q, k_cache, v_cache, tables, starts, lens = args
-    expected = paged_prefill_attention_ref(*args, 0.25)  # before the rejected rows exist
-    with_rejected_rows(gen, k_cache, v_cache, tables, SPEC_SEQ_LENS, 3)
-    moved = [t.to(device) for t in (q, k_cache, v_cache, tables, starts, lens)]
+    args, expected = verification_step(gen, num_heads, num_kv_heads, 32, 0.25)
+    moved = [t.to(device) for t in args]
     out = paged_prefill_attention(*moved, 0.25, out=nan_like(moved[0]))
     assert_close(out.cpu(), expected)
