@@ -209,20 +209,21 @@ def _host_inputs(batch: ScheduledBatch, order: list[int], block_size: int) -> Ho
         request, n = batch.requests[i], batch.num_new_tokens[i]
         start = request.num_computed_tokens
         blocks = request.block_ids
-        tokens = request.all_token_ids
-        if request.spec_token_ids:
-            tokens = tokens + request.spec_token_ids
-        step.input_ids.extend(tokens[start:start + n])
+        drafts = request.spec_token_ids
+        if drafts:  # they follow the last real token (only the uncomputed tail is copied)
+            step.input_ids.extend((request.all_token_ids[start:] + drafts)[:n])
+        else:
+            step.input_ids.extend(request.all_token_ids[start:start + n])
         step.positions.extend(range(start, start + n))
         step.slot_mapping.extend(blocks[p // block_size] * block_size + p % block_size
                                  for p in range(start, start + n))
         step.block_tables.append(blocks)
         step.seq_lens.append(start + n)
         step.query_lens.append(n)
-        if start + n == len(tokens):
+        if start + n == request.num_tokens + len(drafts):
             step.sample_rows.append(i)
             end = len(step.input_ids)
-            step.sample_index.extend(range(end - 1 - len(request.spec_token_ids), end))
+            step.sample_index.extend(range(end - 1 - len(drafts), end))
     return step
 
 
