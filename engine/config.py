@@ -48,11 +48,13 @@ class EngineConfig:
     # KV tiers under the prefix cache (engine.kv_tiers): a hashed block the pool reuses is
     # kept in host RAM up to kv_host_bytes (0: off), what that drops goes to files under
     # kv_disk_dir (None: off) up to kv_disk_bytes, through a writer queue of
-    # kv_disk_queue_blocks (a block arriving at a full queue is dropped).
+    # kv_disk_queue_blocks (a block arriving at a full queue is dropped); a block file
+    # unused for kv_disk_max_age_s is deleted (None: only the byte bound drops files).
     kv_host_bytes: int = 0
     kv_disk_dir: str | None = None
     kv_disk_bytes: int = 4 << 30
     kv_disk_queue_blocks: int = 256
+    kv_disk_max_age_s: float | None = None
     # "torch" | "triton" | "cpu" (C++ kernels, kernels/cpu) | "auto": triton on CUDA; on
     # CPU, cpu where the kernels build (a C++ compiler is present), else torch
     attention_backend: str = "auto"
@@ -110,6 +112,8 @@ class EngineConfig:
             raise ConfigError("kv_host_bytes", "must be a non-negative integer (0: off)")
         _positive("kv_disk_bytes", self.kv_disk_bytes)
         _positive("kv_disk_queue_blocks", self.kv_disk_queue_blocks)
+        if self.kv_disk_max_age_s is not None and not self.kv_disk_max_age_s > 0:
+            raise ConfigError("kv_disk_max_age_s", "must be a positive number of seconds")
         if self.kv_disk_dir is not None and not self.kv_disk_dir.strip():
             raise ConfigError("kv_disk_dir", "must be a directory path, or None for off")
         if self.num_kv_blocks is not None:

@@ -9,6 +9,9 @@ under a block's name. A read checks the fingerprint (the model, its quantization
 dtype and every shape), the parent hash and tokens, and the payload's checksum: a file
 that fails (truncated, altered, another model's) is deleted and is a miss. Writes run on
 one writer thread behind a bounded queue; a block waiting there is already findable.
+With a max age, a file unused for longer is deleted (on the next write, and on a restart's
+scan): the serve command sets it to the session TTL, so an expired session's blocks go
+with it while blocks other sessions still use (a shared system prompt) stay.
 """
 from __future__ import annotations
 
@@ -39,13 +42,16 @@ _STALE_TEMP_S = 600.0  # a temporary file this old is a crashed write's leftover
 class DiskTier:
     """Blocks as files under `directory`, in a folder of their own fingerprint (so models
     or settings sharing one directory never evict or delete each other's blocks), never
-    over `capacity` bytes in all for this fingerprint."""
+    over `capacity` bytes in all for this fingerprint, none unused for over `max_age_s`
+    seconds (None: no age limit)."""
 
     def __init__(self, directory: str, capacity: int, fingerprint: bytes,
-                 payload_shape: tuple[int, ...], dtype: torch.dtype, queue_blocks: int):
+                 payload_shape: tuple[int, ...], dtype: torch.dtype, queue_blocks: int,
+                 max_age_s: float | None = None):
         self.dir = Path(directory) / fingerprint.hex()[:32]
         self.dir.mkdir(parents=True, exist_ok=True)
         self.capacity = capacity
+        self.max_age_s = max_age_s
         self.fingerprint = fingerprint
         self.payload_shape = payload_shape
         self.dtype = dtype
@@ -53,8 +59,10 @@ class DiskTier:
         self.payload_bytes = math.prod(payload_shape) * dtype.itemsize
         self.stats = TierStats(capacity=capacity)
         self.lock = threading.Lock()  # the index, pending and stats: writer vs. step thread
-        self.index: OrderedDict[bytes, int] = self._scan()  # hash -> file bytes, oldest first
-        self.stats.bytes = sum(self.index.values())
+        # hash -> (file bytes, last used: wall-clock seconds, as the files' mtime), LRU first
+        self.index: OrderedDict[bytes, tuple[int, float]] = self._scan()
+        self.stats.bytes = sum(size for size, _ in self.index.values())
+        self._drop_expired()  # blocks that outlived the age limit while the server was down
         self._drop_oldest(capacity)  # a directory filled under a larger bound
         self.pending: dict[bytes, TieredBlock] = {}
         self.queue: queue.Queue[tuple[bytes, TieredBlock] | None] = queue.Queue(queue_blocks)
@@ -85,6 +93,7 @@ class DiskTier:
             block = self.pending.get(block_hash)
             if block is not None or block_hash not in self.index:
                 return block
+            self.index[block_hash] = (self.index[block_hash][0], time.time())
             self.index.move_to_end(block_hash)
         path = self._path(block_hash)
         try:
@@ -137,12 +146,13 @@ class DiskTier:
         if len(data) > self.capacity:
             return
         with self.lock:
+            self._drop_expired()
             self._drop_oldest(self.capacity - len(data))
         temp = self.dir / f".{block_hash.hex()}.{os.getpid()}.{threading.get_ident()}.tmp"
         temp.write_bytes(data)
         os.replace(temp, self._path(block_hash))
         with self.lock:
-            self.index[block_hash] = len(data)
+            self.index[block_hash] = (len(data), time.time())
             self.stats.bytes += len(data)
             self.stats.stores += 1
             self.stats.store_seconds += time.perf_counter() - started
@@ -150,10 +160,22 @@ class DiskTier:
     def _drop_oldest(self, room: int) -> None:
         """Delete the least recently used files until the tier holds at most `room` bytes."""
         while self.index and self.stats.bytes > room:
-            old_hash, size = self.index.popitem(last=False)
-            self.stats.bytes -= size
-            self.stats.dropped += 1
-            self._path(old_hash).unlink(missing_ok=True)
+            self._drop_first()
+
+    def _drop_expired(self) -> None:
+        """Delete the files unused for longer than max_age_s (the LRU end: oldest first,
+        so this stops at the first young one and costs only what it deletes)."""
+        if self.max_age_s is None:
+            return
+        cutoff = time.time() - self.max_age_s
+        while self.index and next(iter(self.index.values()))[1] < cutoff:
+            self._drop_first()
+
+    def _drop_first(self) -> None:
+        old_hash, (size, _) = self.index.popitem(last=False)
+        self.stats.bytes -= size
+        self.stats.dropped += 1
+        self._path(old_hash).unlink(missing_ok=True)
 
     # -- files ----------------------------------------------------------------------
     def _encode(self, block: TieredBlock) -> bytes:
@@ -184,16 +206,16 @@ class DiskTier:
 
     def _forget(self, block_hash: bytes, corrupt: bool) -> None:
         with self.lock:
-            size = self.index.pop(block_hash, None)
-            if size is not None:
-                self.stats.bytes -= size
+            held = self.index.pop(block_hash, None)
+            if held is not None:
+                self.stats.bytes -= held[0]
             self.stats.corrupt += corrupt
         self._path(block_hash).unlink(missing_ok=True)
 
     def _path(self, block_hash: bytes) -> Path:
         return self.dir / block_hash.hex()
 
-    def _scan(self) -> OrderedDict[bytes, int]:
+    def _scan(self) -> OrderedDict[bytes, tuple[int, float]]:
         """The block files already there (a restart), oldest first; stale temp files go."""
         found = []
         for entry in os.scandir(self.dir):
@@ -205,4 +227,4 @@ class DiskTier:
                     found.append((stat.st_mtime, bytes.fromhex(entry.name), stat.st_size))
                 except ValueError:
                     continue
-        return OrderedDict((h, size) for _, h, size in sorted(found))
+        return OrderedDict((h, (size, mtime)) for mtime, h, size in sorted(found))

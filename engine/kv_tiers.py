@@ -131,7 +131,7 @@ def build_kv_tiers(config: EngineConfig, runner: ModelRunner, loaded: LoadedMode
         shape = (2 * len(runner.kv_caches), *k.shape[1:])
         disk = DiskTier(config.kv_disk_dir, config.kv_disk_bytes,
                         model_fingerprint(config, loaded, k), shape, k.dtype,
-                        config.kv_disk_queue_blocks)
+                        config.kv_disk_queue_blocks, config.kv_disk_max_age_s)
     return KVTiers(runner.kv_caches, config.kv_host_bytes, disk)
 
 

@@ -120,8 +120,9 @@ def engine_config(args: argparse.Namespace):
 def kv_tier_values(args: argparse.Namespace, environ: dict) -> dict:
     """The engine's KV tier settings --kv-tiers makes: off, both off; auto with a
     persistent session store, a host tier of KV_HOST_SHARE of the available memory (at
-    most KV_HOST_CAP) and a disk tier under the state directory, where the flags give
-    neither; auto with memory: sessions, what the flags give."""
+    most KV_HOST_CAP) and a disk tier under the state directory whose files live as long
+    as a session (--session-ttl), where the flags give neither; auto with memory:
+    sessions, what the flags give."""
     if args.kv_tiers == "off":
         return {"kv_host_bytes": 0, "kv_disk_dir": None}
     given = config_values(args, _engine_config_cls(), _ENGINE_SKIP)
@@ -133,6 +134,8 @@ def kv_tier_values(args: argparse.Namespace, environ: dict) -> dict:
         values["kv_host_bytes"] = min(int(available * KV_HOST_SHARE), KV_HOST_CAP)
     if "kv_disk_dir" not in given:
         values["kv_disk_dir"] = str(state_dir(args, environ) / "kv")
+    if "kv_disk_max_age_s" not in given:  # an expired session's blocks go with it
+        values["kv_disk_max_age_s"] = session_store_config(args, environ).ttl_s
     return values
 
 

@@ -170,9 +170,14 @@ def test_kv_tiers_are_on_with_the_persistent_store_and_off_on_request(tmp_path):
     on = serve.kv_tier_values(parse("--state-dir", str(tmp_path)), environ)
     assert on["kv_disk_dir"] == str(tmp_path / "kv")
     assert 0 < on["kv_host_bytes"] <= serve.KV_HOST_CAP
+    assert on["kv_disk_max_age_s"] == 7 * 24 * 3600  # block files live as long as sessions
     # Flags given win over what auto sizes; memory: sessions leave the tiers as flagged.
-    given = parse("--state-dir", str(tmp_path), "--kv-host-bytes", "1024")
-    assert serve.kv_tier_values(given, environ) == {"kv_disk_dir": str(tmp_path / "kv")}
+    given = parse("--state-dir", str(tmp_path), "--kv-host-bytes", "1024", "--session-ttl",
+                  "60")
+    assert serve.kv_tier_values(given, environ) == {"kv_disk_dir": str(tmp_path / "kv"),
+                                                   "kv_disk_max_age_s": 60}
+    given = parse("--state-dir", str(tmp_path), "--kv-disk-max-age-s", "30")
+    assert serve.models(given, environ)[0][0].engine.kv_disk_max_age_s == 30
     assert serve.kv_tier_values(parse("--session-store", "memory:"), environ) == {}
     for argv in (("--kv-tiers", "off"), ("--kv-tiers", "off", "--kv-host-bytes", "9")):
         assert serve.kv_tier_values(parse(*argv), environ) == {"kv_host_bytes": 0,
