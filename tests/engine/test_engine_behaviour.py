@@ -51,17 +51,17 @@ def test_preemption_with_small_pool_gives_same_outputs(llm, prefix_caching):
     prompts = [f"Once upon a time, in a kingdom by the sea, lived a dragon. Story {i}: the "
                f"dragon and the {w} went to" for i, w in
                enumerate(["knight", "baker", "robot", "cat", "poet", "sailor"])]
-    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     big = llm.generate(prompts, params)
-    # 14 blocks of 16 tokens cannot hold 4 requests of ~70 tokens at once; the last two
-    # requests start once the first block is cached
-    small = LLM(model="default", device="cpu", num_kv_blocks=14, max_num_seqs=4,
+    # 10 blocks of 16 tokens cannot hold 4 requests of ~54 tokens (4 blocks each) at once;
+    # the last two requests start once the first block is cached
+    small = LLM(model="default", device="cpu", num_kv_blocks=10, max_num_seqs=4,
                 enable_prefix_caching=prefix_caching)
     outs = small.generate(prompts, params)
     stats = small.core.stats()
     assert stats.num_preemptions > 0
     assert [o.token_ids for o in outs] == [o.token_ids for o in big]
-    assert all(o.finish_reason == "length" and len(o.token_ids) == 40 for o in outs)
+    assert all(o.finish_reason == "length" and len(o.token_ids) == 24 for o in outs)
     assert_all_blocks_free(small.core)
     # each request's lookup counts once, however often it was rescheduled
     lookups = sum(o.num_prompt_tokens for o in outs) if prefix_caching else 0

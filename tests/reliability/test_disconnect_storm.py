@@ -1,4 +1,4 @@
-"""200 clients vanish mid-stream at seeded random moments: nothing leaks.
+"""Clients (64; 200 with TOKENWIRE_FULL_SIZE=1) vanish mid-stream at seeded random moments: nothing leaks.
 
 "Nothing" is checked from both sides: the server's /metrics (KV usage, running and
 waiting requests, sockets, sessions back to zero) and the server process itself, probed
@@ -12,9 +12,11 @@ import random
 
 import aiohttp
 
+from tests.sizes import size
+
 from .harness import connect, generate_once, recv, settle
 
-NUM_CLIENTS = 200
+NUM_CLIENTS = size(64, 200)  # 64 drops mid-stream already prove nothing leaks
 CONCURRENT = 24  # clients connected at once: enough to fill the engine's running slots
 SEED = 20261123
 IDLE = {"tokenwire_kv_cache_usage_ratio": 0.0, "tokenwire_requests_running": 0.0,
@@ -106,7 +108,7 @@ async def test_disconnect_storm_frees_everything(shared_server, figures):
     leaked.update({f"task {name}": n for name, n in after["task_names"].items()
                    if n > before["task_names"].get(name, 0)})
     mid_stream = sum(r["open"] > 0 for r in results)
-    figures("disconnect storm (200 clients, seeded)", tried=NUM_CLIENTS,
+    figures(f"disconnect storm ({NUM_CLIENTS} clients, seeded)", tried=NUM_CLIENTS,
             survived=NUM_CLIENTS if not leaked else 0, lost=0 if not leaked else NUM_CLIENTS,
             notes=f"{mid_stream} clients dropped with requests open, "
                   f"{sum(r['open'] for r in results)} of "

@@ -5,9 +5,11 @@ import asyncio
 
 import aiohttp
 
+from tests.sizes import size
+
 from .harness import chat, connect, history, recv
 
-NUM_SESSIONS = 20
+NUM_SESSIONS = size(8, 20)  # the report quotes 20 (TOKENWIRE_FULL_SIZE=1)
 TURNS_BEFORE = 3
 BLOCK_SIZE = 16  # passed to the server: the prefix cache shares whole blocks only
 
@@ -81,7 +83,8 @@ async def test_sessions_resume_after_kill9(spawn, tmp_path, figures):
         cut = await _resume(http, server, *cut_session)
     intact = [r for r in results if r["resumed"] and r["same_id"] and r["history_ok"]]
     warm = [r for r in results if r["in_prompt"] and r["warm"]]
-    figures("restart (kill -9) with 20 sessions x 3 turns", tried=NUM_SESSIONS,
+    figures(f"restart (kill -9) with {NUM_SESSIONS} sessions x {TURNS_BEFORE} turns",
+            tried=NUM_SESSIONS,
             survived=len(intact), lost=NUM_SESSIONS - len(intact),
             notes=f"{sum(len(e) // 2 for _, e, _ in held)} turns stored; second turn after "
                   f"restart found the whole first turn's prompt (full blocks) in the prefix "

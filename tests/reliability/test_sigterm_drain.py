@@ -1,4 +1,4 @@
-"""SIGTERM with 50 streams in flight: `draining` to every client, then each stream's end,
+"""SIGTERM with streams in flight (50 and 64 with TOKENWIRE_FULL_SIZE=1): `draining` to every client, then each stream's end,
 then close 1012. Short streams finish inside the drain; long ones are ended at the drain
 timeout; none just stops. WebSocket and SSE streams alike, within the drain's bound.
 """
@@ -10,14 +10,16 @@ import time
 
 import aiohttp
 
+from tests.sizes import size
+
 from .harness import connect
 
-NUM_STREAMS = 50
+NUM_STREAMS = size(24, 50)  # 24 on 32 engine slots; at full size 18 queue too
 # Long enough for a 16-token stream to finish among 32 on a 2-core AVX2 box (at 12 s every
 # stream is cut); 1024-token ones still take minutes on any CPU.
 DRAIN_TIMEOUT_S = 20.0
 SHORT_TOKENS, LONG_TOKENS = 16, 1024
-STARTED_BEFORE_SIGTERM = 20  # streams with a first delta when the signal goes
+STARTED_BEFORE_SIGTERM = NUM_STREAMS * 2 // 5  # streams with a first delta when the signal goes
 
 
 async def _client(http, server, index: int, started: asyncio.Queue) -> dict:
@@ -54,9 +56,9 @@ def _outcome(client: dict) -> str:
     return "cut"  # done/cancelled with "server draining", or an error, at the timeout
 
 
-async def test_sigterm_drains_50_streams(spawn, figures):
-    # 50 streams on 32 engine slots: the prior drain rate lets the other 18 queue on a
-    # server that has measured none yet (without one they are refused at once).
+async def test_sigterm_drains_streams_in_flight(spawn, figures):
+    # The prior drain rate lets streams beyond the engine's slots queue on a server that
+    # has measured none yet (without one they are refused at once).
     server = spawn("--drain-timeout", str(DRAIN_TIMEOUT_S), "--ttft-bound-s", "600",
                    "--initial-drain-rps", "1", name="drain").start()
     started: asyncio.Queue = asyncio.Queue()
@@ -74,7 +76,7 @@ async def test_sigterm_drains_50_streams(spawn, figures):
     count = {k: outcomes.count(k) for k in
              ("finished_before", "finished", "cut", "lost", "no_draining")}
     closes = {r["close"] for r in results}
-    figures("SIGTERM with 50 streams in flight", tried=NUM_STREAMS,
+    figures(f"SIGTERM with {NUM_STREAMS} streams in flight", tried=NUM_STREAMS,
             survived=count["finished_before"] + count["finished"] + count["cut"],
             lost=count["lost"] + count["no_draining"],
             notes=f"after `draining`: {count['finished']} finished, {count['cut']} ended at "
@@ -89,7 +91,7 @@ async def test_sigterm_drains_50_streams(spawn, figures):
     assert exit_code == 0 and exited_s < DRAIN_TIMEOUT_S + 20
 
 
-MIXED_PER_KIND, MIXED_DRAIN_S = 32, 2.0
+MIXED_PER_KIND, MIXED_DRAIN_S = size(12, 32), 2.0
 MIXED_TOKENS = 2000  # far more than the drain leaves time for: every stream is cut
 
 
@@ -128,8 +130,8 @@ async def _sse_stream(http, server, index: int, started: asyncio.Queue) -> dict:
     return {"kind": "sse", "ends": [last] if ended else [], "close": None}
 
 
-async def test_sigterm_ends_32_ws_and_32_sse_streams_within_the_drain_bound(spawn, figures):
-    """drain_timeout_s 2 with 64 streams still generating: each ends with a terminal event
+async def test_sigterm_ends_ws_and_sse_streams_within_the_drain_bound(spawn, figures):
+    """drain_timeout_s 2 with WS and SSE streams still generating: each ends with a terminal event
     (WS `done` cancelled, SSE an error event then [DONE]), the process exits within the
     drain timeout plus its one-second grace, and logs no traceback."""
     server = spawn("--drain-timeout", str(MIXED_DRAIN_S), "--ttft-bound-s", "600",
@@ -147,7 +149,8 @@ async def test_sigterm_ends_32_ws_and_32_sse_streams_within_the_drain_bound(spaw
         results = await asyncio.wait_for(asyncio.gather(*clients), 30)
     ended = [r for r in results if len(r["ends"]) == 1]
     log = server.log()
-    figures("SIGTERM with 32 WS + 32 SSE streams, drain timeout 2 s", tried=len(results),
+    figures(f"SIGTERM with {MIXED_PER_KIND} WS + {MIXED_PER_KIND} SSE streams, drain timeout "
+            f"{MIXED_DRAIN_S:.0f} s", tried=len(results),
             survived=len(ended), lost=len(results) - len(ended),
             notes=f"every stream cut at the deadline; process exited {exit_code} after "
                   f"{exited_s:.1f} s")
