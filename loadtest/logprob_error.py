@@ -6,9 +6,11 @@ int8 levels (docs/quantization.md); this prints what that costs, the figures beh
 tests/logprob_tolerance.py.
 
     python -m loadtest.logprob_error [--isa portable avx2 avx512] [--tokens 32] [--seeds 4]
+                                     [--prompts 12]
 
 Each instruction set runs in a child process (TOKENWIRE_CPU_QUANT_ISA is read when the
-kernels run); those this CPU lacks are skipped.
+kernels run), all at once: their model loads are mostly single-threaded. Those this CPU
+lacks are skipped.
 """
 from __future__ import annotations
 
@@ -45,9 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isa", nargs="+", default=["portable", "avx2", "avx512"])
     p.add_argument("--tokens", type=int, default=32, help="output tokens per prompt and run")
     p.add_argument("--seeds", type=int, default=4, help="sampled runs beside the greedy one")
+    p.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N prompts")
 
 
-def errors(tokens: int, seeds: int) -> list[float]:
+def errors(tokens: int, seeds: int, prompts: list[str]) -> list[float]:
     """|engine logprob - fp32 logprob| of every value the runs return, in this process."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -62,9 +65,9 @@ def errors(tokens: int, seeds: int) -> list[float]:
                             logprobs=TOP, ignore_eos=True) for seed in range(seeds)]
     out = []
     for params in runs:
-        for start in range(0, len(PROMPTS), BATCH):
-            prompts = PROMPTS[start:start + BATCH]
-            for prompt, result in zip(prompts, llm.generate(prompts, params)):
+        for start in range(0, len(prompts), BATCH):
+            batch = prompts[start:start + BATCH]
+            for prompt, result in zip(batch, llm.generate(batch, params)):
                 ref = fp32_logprobs(hf, llm.tokenizer.encode(prompt), result.token_ids)
                 for row, entry in zip(ref, result.logprobs):
                     for token, logprob in [(entry.token_id, entry.logprob), *entry.top]:
@@ -82,7 +85,7 @@ def fp32_logprobs(hf_model, prompt_ids: list[int], output_ids: list[int]):
     return logits.log_softmax(-1)[len(prompt_ids) - 1:-1]
 
 
-def summary(isa: str, tokens: int, seeds: int) -> dict:
+def summary(isa: str, tokens: int, seeds: int, prompts: int) -> dict:
     """This process's instruction set's figures (TOKENWIRE_CPU_QUANT_ISA already set)."""
     import kernels.cpu as cpu_kernels
 
@@ -92,22 +95,29 @@ def summary(isa: str, tokens: int, seeds: int) -> dict:
     chosen = cpu_kernels.quant_isa()
     if not quant.isa_supported(chosen):
         return {"isa": isa, "skipped": "not on this CPU"}
-    values = errors(tokens, seeds)
+    values = errors(tokens, seeds, PROMPTS[:prompts])
     return {"isa": isa, "levels": quant.activation_levels(chosen), "values": len(values),
             "p50": percentile(values, 50), "p99": percentile(values, 99), "max": max(values)}
 
 
-def run_child(isa: str, args) -> dict:
+def start_child(isa: str, args) -> subprocess.Popen:
     env = dict(os.environ, TOKENWIRE_CPU_QUANT_ISA=isa)
     cmd = [sys.executable, "-m", "loadtest.logprob_error", "--child", "--isa", isa,
-           "--tokens", str(args.tokens), "--seeds", str(args.seeds)]
-    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, check=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+           "--tokens", str(args.tokens), "--seeds", str(args.seeds),
+           "--prompts", str(args.prompts)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+
+
+def child_result(child: subprocess.Popen) -> dict:
+    out, _ = child.communicate()
+    if child.returncode:
+        raise subprocess.CalledProcessError(child.returncode, child.args, out)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def format_report(rows: list[dict], args) -> str:
     lines = [f"logprob error against Hugging Face's fp32 forward pass: default model on CPU, "
-             f"{len(PROMPTS)} prompts x {args.tokens} tokens, greedy and {args.seeds} sampled "
+             f"{args.prompts} prompts x {args.tokens} tokens, greedy and {args.seeds} sampled "
              f"runs, the chosen token's logprob and the top {TOP}",
              f"{'isa':<9} {'levels':>6} {'values':>7} {'p50':>9} {'p99':>9} {'max':>9}"]
     for r in rows:
@@ -126,9 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(summary(args.isa[0], args.tokens, args.seeds)))
+        print(json.dumps(summary(args.isa[0], args.tokens, args.seeds, args.prompts)))
         return
-    print(format_report([run_child(isa, args) for isa in args.isa], args))
+    children = [start_child(isa, args) for isa in args.isa]
+    print(format_report([child_result(child) for child in children], args))
 
 
 if __name__ == "__main__":

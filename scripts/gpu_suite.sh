@@ -11,8 +11,9 @@
 # Every step runs even if one before it failed; each step's full log is written to
 # $OUT/STEP.log and its exit code to $OUT/summary.txt; the script exits 1 if any failed.
 # SUITE_BUDGET_S (default 540, under the device tool's 600 s a command) bounds the whole
-# call: a step gets what is left of it (less 15 s to write the summary) and is stopped
-# there; a step with under 30 s left is not started. Either is a failure in the summary.
+# call: a step gets what is left of it (less SUITE_RESERVE_S, default 15, to write the
+# summary) and is stopped there; a step with under SUITE_MIN_STEP_S (default 30) left is
+# not started. Either is a failure in the summary. (The tests set all three small.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:?usage: gpu_suite.sh all|tests|kernels|bench MODEL|compare}
@@ -21,6 +22,7 @@ all | tests | kernels | bench | compare) ;;
 *) echo "unknown step set: $what (all, tests, kernels, bench MODEL or compare)" >&2; exit 2 ;;
 esac
 deadline=$((SECONDS + ${SUITE_BUDGET_S:-540}))
+reserve=${SUITE_RESERVE_S:-15} min_step=${SUITE_MIN_STEP_S:-30}
 out=${OUT:-$PWD/out}
 kit=${GPU_KIT:-$PWD/.carry}
 site=${GPU_KIT_SITE:-/tmp/tokenwire-kit}  # where the wheels are unpacked
@@ -39,10 +41,10 @@ export PYTHONPATH=$site:$PWD
 failed=()
 
 step() {  # step NAME CMD...: CMD within the budget, output to the screen and $OUT/NAME.log
-    local name=$1 rc=0 left=$((deadline - SECONDS - 15)) limit=()
+    local name=$1 rc=0 left=$((deadline - SECONDS - reserve)) limit=()
     shift
     if ! declare -F "$1" >/dev/null; then  # this script's own functions (device) are quick
-        if [ "$left" -lt 30 ]; then
+        if [ "$left" -lt "$min_step" ]; then
             echo "$name: not started, ${left}s of the budget left" | tee -a "$out/summary.txt"
             failed+=("$name")
             return
