@@ -195,10 +195,9 @@ def _tensor_index(path: Path, meta_dir: Path) -> dict:
 
 
 def _gguf_adds_bos(path: Path) -> bool:
-    from gguf import GGUFReader
+    from engine.quant.gguf_header import read_header
 
-    field = GGUFReader(path).fields.get("tokenizer.ggml.add_bos_token")
-    return bool(field is not None and field.parts[field.data[0]][0])
+    return bool(read_header(path).fields.get("tokenizer.ggml.add_bos_token", False))
 
 
 def default_model_dir() -> Path:
