@@ -9,20 +9,15 @@ GemmaTokenizer runs them (byte fallback, spaces as "▁").
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types that are never split
-_VOCABULARY = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 
 
-def gemma_tokenizer_from_gguf(path: Path, add_bos: bool):
+def gemma_tokenizer_from_gguf(fields: dict, add_bos: bool):
+    """`fields`: the GGUF's metadata with its vocabulary (engine.quant.gguf_header)."""
     from tokenizers import AddedToken
     from transformers import GemmaTokenizer
     from transformers.convert_slow_tokenizer import generate_merges
 
-    from engine.quant.gguf_header import read_header
-
-    fields = read_header(path, frozenset(_VOCABULARY)).fields
     tokens = [_piece(t) for t in fields["tokenizer.ggml.tokens"]]
     scores = fields["tokenizer.ggml.scores"].tolist()
     types = fields["tokenizer.ggml.token_type"].tolist()

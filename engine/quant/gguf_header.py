@@ -4,8 +4,11 @@ tensor directory, skipping every other array by its length.
 GGUFReader parses every field into numpy views, one per string and per array item: for a
 262k-token vocabulary (three arrays of 262k items) that is ~3M objects and ~30 s of pure
 Python holding the GIL, which stalls the event loop and the other models' engine threads
-while a model loads beside them. Walking the header here takes well under a second; the
-layout is gguf's (gguf/gguf_reader.py, gguf/constants.py: GGUFValueType):
+while a model loads beside them. Walking the header here takes well under a second.
+transformers' own header reader (transformers.integrations.gguf) skips arrays too, but it
+gives tensor names only, or refuses a file holding a type it cannot dequantize (Gemma 3's
+Q5_0 tensors), where the kernels need every tensor's type and offset. The layout is
+gguf's (gguf/gguf_reader.py, gguf/constants.py: GGUFValueType):
 
     magic "GGUF" | version u32 | n_tensors u64 | n_kv u64
     n_kv x      key: string | type u32 | value        (array: item type u32 | count u64 | items)
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-_STRING, _ARRAY = 8, 9
+_STRING, _ARRAY = 8, 9  # an array of arrays is refused (KeyError), as transformers does
 # GGUFValueType -> struct (and numpy) format of the fixed-size types
 _NUMERIC = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
             11: "q", 12: "d"}
@@ -111,8 +114,5 @@ class _Walker:
         if item == _STRING:  # each string's length decides where the next one starts
             for _ in range(count):
                 self.at += 8 + struct.unpack_from("<Q", self.buf, self.at)[0]
-        elif item == _ARRAY:
-            for _ in range(count):
-                self.skip(*self.take("<IQ"))
         else:
             self.at += struct.calcsize("<" + _NUMERIC[item]) * count
