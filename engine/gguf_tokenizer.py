@@ -9,24 +9,18 @@ GemmaTokenizer runs them (byte fallback, spaces as "▁").
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types that are never split
 
 
-def gemma_tokenizer_from_gguf(path: Path, add_bos: bool):
-    from gguf import GGUFReader
+def gemma_tokenizer_from_gguf(fields: dict, add_bos: bool):
+    """`fields`: the GGUF's metadata with its vocabulary (engine.quant.gguf_header)."""
     from tokenizers import AddedToken
     from transformers import GemmaTokenizer
     from transformers.convert_slow_tokenizer import generate_merges
 
-    fields = GGUFReader(path).fields
-    tokens = [_piece(bytes(fields["tokenizer.ggml.tokens"].parts[i]).decode())
-              for i in fields["tokenizer.ggml.tokens"].data]
-    scores = [float(fields["tokenizer.ggml.scores"].parts[i][0])
-              for i in fields["tokenizer.ggml.scores"].data]
-    types = [int(fields["tokenizer.ggml.token_type"].parts[i][0])
-             for i in fields["tokenizer.ggml.token_type"].data]
+    tokens = [_piece(t) for t in fields["tokenizer.ggml.tokens"]]
+    scores = fields["tokenizer.ggml.scores"].tolist()
+    types = fields["tokenizer.ggml.token_type"].tolist()
     vocab: dict[str, int] = {}
     for index, token in enumerate(tokens):
         vocab.setdefault(token, index)

@@ -9,7 +9,7 @@ dequantizing conversion (~20 s) writes once under the cache directory.
 
 A GGUF file (Gemma 3, Llama) loads the same way without the weight copy: its weights are
 read from the file (kept packed on CPU fp32, else dequantized), its config and tokenizer
-are converted by transformers' GGUF reader once (~1 min for a 262k vocabulary) into a
+are converted once from its header (engine.quant.gguf_header, engine.gguf_config) into a
 directory under the cache.
 """
 from __future__ import annotations
@@ -140,26 +140,31 @@ def _load_gguf(path: Path, name: str, device, dtype) -> LoadedModel:
 def _gguf_meta_dir(path: Path) -> Path:
     """config.json and tokenizer files of a GGUF, converted once and kept under the cache
     (keyed by the file's name, size and modification time: its tensor index holds byte
-    offsets, which another file of the same name and size would not share): the config by transformers' GGUF reader, the
-    tokenizer by it too except Gemma's (engine.gguf_tokenizer). The tokenizer adds `<bos>`
+    offsets, which another file of the same name and size would not share): the config as
+    transformers' GGUF reader builds it (engine.gguf_config), the tokenizer by that reader
+    too except Gemma's (engine.gguf_tokenizer). The tokenizer adds `<bos>`
     where the GGUF says so (tokenizer.ggml.add_bos_token), which transformers' reader
     ignores; Gemma without it degenerates (" is is is ...")."""
     stat = path.stat()
     target = cache_root() / "gguf" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
     if (target / "config.json").is_file():
         return target
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    from engine.gguf_config import config_arrays, gguf_config
     from engine.gguf_tokenizer import gemma_tokenizer_from_gguf
+    from engine.quant.gguf_header import read_header
 
     log.info("reading config and tokenizer of %s into %s (once)", path, target)
     try:
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        header = read_header(path, config_arrays())
+        config = gguf_config(path, header)
+        adds_bos = bool(header.fields.get("tokenizer.ggml.add_bos_token", False))
         if config.model_type == "gemma3_text":
-            tokenizer = gemma_tokenizer_from_gguf(path, _gguf_adds_bos(path))
+            tokenizer = gemma_tokenizer_from_gguf(header.fields, adds_bos)
         else:
             tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name,
-                                                      add_bos_token=_gguf_adds_bos(path))
+                                                      add_bos_token=adds_bos)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot read GGUF {path}: {exc}") from exc
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -192,13 +197,6 @@ def _tensor_index(path: Path, meta_dir: Path) -> dict:
         index = build_index(path)
         save_index(index, meta_dir)
     return index
-
-
-def _gguf_adds_bos(path: Path) -> bool:
-    from gguf import GGUFReader
-
-    field = GGUFReader(path).fields.get("tokenizer.ggml.add_bos_token")
-    return bool(field is not None and field.parts[field.data[0]][0])
 
 
 def default_model_dir() -> Path:

@@ -2,13 +2,12 @@
 beside the file's converted config so later loads map the tensors without parsing the
 metadata again.
 
-    index = build_index(path)            # GGUFReader: every field parsed (slow, once)
+    index = build_index(path)            # the header walked, big arrays skipped
     save_index(index, meta_dir)          # tensors.json
     architecture, tensors = map_tensors(path, load_index(meta_dir))   # np.memmap views
 
-gguf's GGUFReader parses every metadata field into numpy views, a 262k-token vocabulary
-included: ~1M objects and tens of seconds of pure Python holding the GIL, which stalls the
-event loop and the other models' engine threads while a model loads beside them.
+The index is read by engine.quant.gguf_header, not gguf's GGUFReader, which parses the
+whole vocabulary (tens of seconds holding the GIL) to reach the tensor directory after it.
 """
 from __future__ import annotations
 
@@ -20,20 +19,17 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.quant.gguf_header import read_header
+
 INDEX_FILE = "tensors.json"
 _PLAIN = {"F32": np.float32, "F16": np.float16}  # the unquantized types these models use
 
 
 def build_index(path: Path) -> dict:
-    """{architecture, tensors: [[name, type, dims, byte offset]]} read with GGUFReader."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-    field = reader.fields.get("general.architecture")
-    architecture = None if field is None else bytes(field.parts[field.data[0]]).decode()
-    return {"architecture": architecture,
-            "tensors": [[t.name, t.tensor_type.name, [int(d) for d in t.shape],
-                         int(t.data_offset)] for t in reader.tensors]}
+    """{architecture, tensors: [[name, type, dims, byte offset]]}."""
+    header = read_header(path)
+    return {"architecture": header.fields.get("general.architecture"),
+            "tensors": header.tensors}
 
 
 def save_index(index: dict, meta_dir: Path) -> None:

