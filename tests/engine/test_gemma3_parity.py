@@ -2,10 +2,9 @@
 Gemma3ForCausalLM on the same GGUF weights (transformers dequantizes them to fp32): greedy
 tokens on five prompts (a short one, a two-token one, code, a story, and one longer than the
 512-token sliding window; nine, the figure docs/models.md quotes, with
-GEMMA_PARITY_ALL_PROMPTS=1), and the logprobs of every token the engine chose. As for SmolLM2
+TOKENWIRE_FULL_SIZE=1), and the logprobs of every token the engine chose. As for SmolLM2
 (test_hf_parity.py), the engine's quantized matmuls round activations, so one prompt may
 part from HF, only at a tie."""
-import os
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from engine import LLM, SamplingParams
 from engine.errors import ModelLoadError
 from engine.loader import gguf_source
 from loadtest.logprob_error import fp32_logprobs
+from tests.sizes import FULL_SIZE
 from tests.engine.test_cpu_decode_stack import assert_same_generations
 from tests.engine.test_hf_parity import first_difference
 
@@ -34,7 +34,7 @@ PROMPTS = [
 ]
 MORE = ["List three prime numbers:", "Q: What is 12 times 12?\nA:",
         "Translate to French: The weather is lovely today.", "The three primary colours are"]
-PROMPTS += (MORE if os.environ.get("GEMMA_PARITY_ALL_PROMPTS") else []) + [LONG]
+PROMPTS += (MORE if FULL_SIZE else []) + [LONG]
 MAX_NEW = 16
 TOP = 5
 
