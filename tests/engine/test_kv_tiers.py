@@ -18,11 +18,11 @@ from engine.sampling_params import SamplingParams
 from tests.engine.conftest import assert_all_blocks_free
 
 BLOCK = 16
-POOL_BLOCKS = 32  # 512 tokens: the long prompt plus one filler overflow it
-LONG_TOKENS = 320  # 20 blocks; 19 can come from the cache (the last token is computed)
+POOL_BLOCKS = 16  # 256 tokens: the long prompt plus one filler overflow it
+LONG_TOKENS = 160  # 10 blocks; 9 can come from the cache (the last token is computed)
 CACHEABLE = (LONG_TOKENS - 1) // BLOCK * BLOCK
-FILLER_TOKENS = 260
-NUM_FILLERS = 4  # 1,040 tokens: the pool over twice
+FILLER_TOKENS = 130
+NUM_FILLERS = 4  # 520 tokens: the pool over twice
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 STORY = ("The lighthouse keeper of {} wrote in her log every night: the weather, the ships "
          "that passed, the birds that rested on the rail, and the letters she never sent. ")
@@ -136,7 +136,7 @@ def test_a_broken_block_file_is_a_miss_and_is_deleted(prompts, disk_run):
     long, _ = prompts
     directory, first = disk_run
     hashes = block_hashes(long)
-    for index, break_file in ((10, truncate), (3, flip_a_payload_bit)):
+    for index, break_file in ((6, truncate), (3, flip_a_payload_bit)):
         path = block_file(directory, hashes[index])
         break_file(path)
         llm = engine(kv_disk_dir=str(directory))
@@ -173,7 +173,7 @@ def test_another_fingerprint_never_reuses_a_block(prompts, disk_run):
 def test_tiers_stay_within_their_bounds_dropping_the_oldest(prompts, untiered, tmp_path):
     long, fillers = prompts
     block_bytes = untiered.core.runner.kv_bytes_per_block(untiered.model_config)
-    host_bytes, disk_bytes = 10 * block_bytes, 25 * (block_bytes + 2048)
+    host_bytes, disk_bytes = 5 * block_bytes, 12 * (block_bytes + 2048)
     llm = engine(kv_host_bytes=host_bytes, kv_disk_dir=str(tmp_path), kv_disk_bytes=disk_bytes)
     for prompt in [long, *fillers]:
         llm.generate([prompt], GREEDY)
@@ -188,7 +188,7 @@ def test_tiers_stay_within_their_bounds_dropping_the_oldest(prompts, untiered, t
                if h not in llm.core.blocks.hash_to_block]
     on_disk = [(tiers.disk.dir / h.hex()).exists() for h in evicted]
     in_host = [h in tiers.host for h in evicted]
-    assert in_host == [False] * (len(evicted) - 10) + [True] * 10  # the newest 10
+    assert in_host == [False] * (len(evicted) - 5) + [True] * 5  # the newest 5
     kept = [d or h for d, h in zip(on_disk, in_host)]
     assert kept == sorted(kept) and kept.count(False) > 0  # the oldest dropped, only they
     tiers.close()

@@ -12,6 +12,7 @@ both, their figures printed side by side.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 
@@ -21,13 +22,18 @@ import pytest
 from .harness import connect, until_end
 
 BLOCK = 16
-POOL_BLOCKS = 200  # 3,200 tokens: the long session and little else
-IDLE_S = 1.0
-LONG_SENTENCES = 90  # about 3,050 tokens of history
-FILLER_SENTENCES = 47  # about 1,650 tokens a filler; four fill the pool twice over
+# CI runs a ~1,000-token session, which proves the same restores in a third of the
+# prefills; TOKENWIRE_FULL_SIZE=1 runs the ~3,050-token one behind the TTFT figures quoted
+# in docs/sessions.md. Each pool holds the long session and little else; each filler is
+# half of it, so four fill it twice over.
+if os.environ.get("TOKENWIRE_FULL_SIZE") == "1":
+    POOL_BLOCKS, LONG_SENTENCES, FILLER_SENTENCES, MIN_CACHED = 200, 90, 47, 2900
+    MIN_SPEEDUP = 5.0
+else:
+    POOL_BLOCKS, LONG_SENTENCES, FILLER_SENTENCES, MIN_CACHED = 80, 30, 19, 950
+    MIN_SPEEDUP = 3.0  # 11.5-12.5x measured: a ratio shrinks with the prefill it saves
 NUM_FILLERS = 4
-MIN_CACHED = 2900
-MIN_SPEEDUP = 5.0
+IDLE_S = 1.0
 SENTENCE = ("Entry {}: the keeper of the light at {} wrote down the wind, the ships that "
             "passed and the birds that rested on the rail.")
 # A long heartbeat: the long session's client reads nothing while the fillers run.
