@@ -12,12 +12,13 @@ both, their figures printed side by side.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shutil
 
 import aiohttp
 import pytest
+
+from tests.sizes import FULL_SIZE
 
 from .harness import connect, until_end
 
@@ -26,7 +27,7 @@ BLOCK = 16
 # prefills; TOKENWIRE_FULL_SIZE=1 runs the ~3,050-token one behind the TTFT figures quoted
 # in docs/sessions.md. Each pool holds the long session and little else; each filler is
 # half of it, so four fill it twice over.
-if os.environ.get("TOKENWIRE_FULL_SIZE") == "1":
+if FULL_SIZE:
     POOL_BLOCKS, LONG_SENTENCES, FILLER_SENTENCES, MIN_CACHED = 200, 90, 47, 2900
     MIN_SPEEDUP = 5.0
 else:
