@@ -154,6 +154,7 @@ def _gguf_meta_dir(path: Path) -> Path:
     from engine.gguf_config import config_arrays, gguf_config
     from engine.gguf_tokenizer import gemma_tokenizer_from_gguf
     from engine.quant.gguf_header import read_header
+    from engine.quant.gguf_index import header_index, save_index
 
     log.info("reading config and tokenizer of %s into %s (once)", path, target)
     try:
@@ -171,6 +172,7 @@ def _gguf_meta_dir(path: Path) -> Path:
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
     config.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
+    save_index(header_index(header), staging)  # the header is read: no second walk of it
     try:  # atomic publish; another process may have won the race, which is fine
         os.rename(staging, target)
     except OSError:

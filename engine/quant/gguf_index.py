@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.quant.gguf_header import read_header
+from engine.quant.gguf_header import GGUFHeader, read_header
 
 INDEX_FILE = "tensors.json"
 _PLAIN = {"F32": np.float32, "F16": np.float16}  # the unquantized types these models use
@@ -27,7 +27,11 @@ _PLAIN = {"F32": np.float32, "F16": np.float16}  # the unquantized types these m
 
 def build_index(path: Path) -> dict:
     """{architecture, tensors: [[name, type, dims, byte offset]]}."""
-    header = read_header(path)
+    return header_index(read_header(path))
+
+
+def header_index(header: GGUFHeader) -> dict:
+    """build_index's result from a header already read (a first load's conversion)."""
     return {"architecture": header.fields.get("general.architecture"),
             "tensors": header.tensors}
 
