@@ -89,13 +89,17 @@ class Runtime:
         return (self.status == "ready" and self.default_model.alive) or \
             self.status == UNLOADED
 
-    def select_model(self, name: str | None, request_id: str | None = None) -> ModelSlot:
-        """Bind this task (and the tasks it starts from now on) to the model `name` routes
-        to (None: the default); a RequestError model_not_found naming the served ones."""
+    def find_model(self, name: str | None, request_id: str | None = None) -> ModelSlot:
+        """The model `name` routes to (None: the default); a RequestError model_not_found
+        naming the served ones."""
         try:
-            slot = self.scheduler.models.resolve(name)
+            return self.scheduler.models.resolve(name)
         except UnknownModel as exc:
             raise RequestError(exc.code, str(exc), request_id, param="model") from None
+
+    def select_model(self, name: str | None, request_id: str | None = None) -> ModelSlot:
+        """Bind this task (and the tasks it starts from now on) to find_model(name)."""
+        slot = self.find_model(name, request_id)
         _BOUND.set(slot)
         return slot
 

@@ -124,6 +124,7 @@ class RealtimeProtocol:
 
     def _on_session_update(self, event: ev.SessionUpdate) -> None:
         config = event.session
+        self._check_same_model(config.model, event.event_id)
         given = {name: value for name in wire.PARAM_FIELDS
                  if (value := getattr(self._config_params(config), name)) is not wire.UNSET}
         params = {**self.session.params, **given}
@@ -137,6 +138,16 @@ class RealtimeProtocol:
         undo = self.session.configure(**changes)
         self.put(server.event("session.updated", session=self._session_body()))
         self.core.spawn(self._persist(event.event_id, undo))
+
+    def _check_same_model(self, name: str | None, event_id: str | None) -> None:
+        """session.model may repeat the session's model (clients resend their whole
+        session config) but not change it: the model is chosen when the session is
+        created (/v1/realtime?model=NAME), as OpenAI's Realtime API does."""
+        if name and self.rt.find_model(name, event_id) is not self.rt.model:
+            raise RealtimeError("invalid_request", "session.model: the session's model "
+                                f"is {self.rt.model.name!r}, chosen when it was created "
+                                "(/v1/realtime?model=NAME); open another session for "
+                                "another model", event_id, "session.model")
 
     def _on_create(self, event: ev.ItemCreate) -> None:
         message = ev.item_message(event.item, event.event_id)

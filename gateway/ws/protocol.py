@@ -159,6 +159,12 @@ class V1Protocol:
 
     def _on_session_update(self, msg: f.SessionUpdate) -> None:
         changes = {}
+        if msg.params is not None and "model" in msg.params:
+            # Kept as a default it would be echoed back yet never route a turn: refused.
+            raise RequestError("invalid_request", "params.model: a session's model is "
+                               "chosen when it connects (/v1/ws?model=NAME); send `model` "
+                               "in a chat's or generate's params to run one request on "
+                               "another", param="model")
         if msg.params is not None:
             self.params(None, msg.params)  # refuse bad defaults now, not on every turn
             changes["params"] = msg.params

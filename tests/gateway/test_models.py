@@ -26,7 +26,7 @@ import pytest
 import websockets
 from openai import AsyncOpenAI, NotFoundError
 
-from realtime_helpers import recv_until, say
+from realtime_helpers import recv, recv_until, say
 from test_clients import CHROMIUM, TOOLS, require
 
 pytestmark = pytest.mark.usefixtures("cpu_kernels")
@@ -165,6 +165,30 @@ async def test_a_session_remembers_its_model(small):
     async with websockets.connect(url + f"?session_id={hello['session_id']}") as ws:
         again = json.loads(await ws.recv())
     assert again["resumed"] and again["model"] == "b"
+
+
+async def test_session_update_does_not_change_a_sessions_model(small):
+    """A session's model is chosen when it connects: /v1/ws refuses `params.model` in
+    session.update (kept, it would be echoed back yet route nothing), Realtime refuses a
+    `session.model` other than the session's and takes its own; the socket stays open."""
+    async with websockets.connect(small.replace("http", "ws") + "/v1/ws?model=a") as ws:
+        await ws.recv()  # hello
+        await ws.send(json.dumps({"type": "session.update", "params": {"model": "b"}}))
+        refusal = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        await ws.send(json.dumps({"type": "session.update", "params": {"max_tokens": 3}}))
+        updated = json.loads(await asyncio.wait_for(ws.recv(), 30))
+    assert refusal["type"] == "error" and refusal["code"] == "invalid_request"
+    assert refusal["message"].startswith("params.model:")
+    assert updated["type"] == "session.updated" and updated["params"] == {"max_tokens": 3}
+    async with _client(small).realtime.connect(model="a") as conn:
+        await recv_until(conn, "session.created")
+        await conn.session.update(session={"type": "realtime", "model": "b"})
+        event = await recv(conn)
+        assert event.type == "error" and event.error.param == "session.model", event
+        await conn.session.update(session={"type": "realtime", "model": "a",
+                                           "instructions": "Be brief."})
+        _, updated = await recv_until(conn, "session.updated")
+        assert updated.session.model == "a"
 
 
 async def test_a_ws_request_runs_on_its_params_model_after_a_loading_frame(small):
