@@ -35,7 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for a mix: requests (sessions) take the models in turn, and the "
                         "report adds figures per model")
     p.add_argument("--dataset", choices=DATASETS, default=None,
-                   help="default: sessions (tool chains) for responses endpoints, else random")
+                   help="random (token prompts), copy (tasks that repeat the prompt: repeat, "
+                        "rewrite, rename in code, quote a tool's output; sized by "
+                        "--random-*-len), file, sessions; default: sessions (tool chains) "
+                        "for responses endpoints, else random")
     p.add_argument("--prompts-file", help="one prompt per line, or JSONL with `prompt`")
     p.add_argument("--num-prompts", type=int, default=d.num_prompts)
     p.add_argument("--random-input-len", type=int, default=d.random_input_len)

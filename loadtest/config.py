@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-DATASETS = ("random", "file", "sessions")
+DATASETS = ("random", "copy", "file", "sessions")
 ENDPOINTS = ("completions", "chat", "responses", "responses-ws")
 
 

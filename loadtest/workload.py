@@ -9,6 +9,7 @@ import random
 from loadtest import datasets
 from loadtest.backends import HttpBackend, WsBackend
 from loadtest.config import LoadTestConfig
+from loadtest.copy_dataset import copy_prompts
 from loadtest.realtime_client import RealtimeBackend
 from loadtest.responses_client import ResponsesBackend
 from loadtest.runner import Runner, RunResult
@@ -20,6 +21,9 @@ def build_workload(cfg: LoadTestConfig, tokenizer) -> dict:
     n = cfg.num_requests
     if cfg.dataset != "random" and cfg.prompts_file:
         prompts = datasets.file_prompts(cfg.prompts_file, n, cfg.random_output_len, tokenizer)
+    elif cfg.dataset == "copy":
+        prompts = copy_prompts(n, cfg.random_input_len, cfg.random_output_len,
+                               cfg.random_range_ratio, rng, tokenizer)
     else:
         prompts = datasets.random_prompts(n, cfg.random_input_len, cfg.random_output_len,
                                           cfg.random_range_ratio, rng, tokenizer)

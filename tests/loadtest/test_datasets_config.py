@@ -95,3 +95,20 @@ def test_idle_gap_is_for_resumable_sessions(where):
 def test_file_dataset_needs_a_file():
     with pytest.raises(ValueError, match="prompts_file"):
         LoadTestConfig(dataset="file")
+
+
+def test_copy_prompts_are_seeded_tasks_near_their_length_in_every_kind():
+    from loadtest.copy_dataset import copy_prompts
+    from loadtest.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer("default")
+    prompts = copy_prompts(16, 200, 64, 0.0, random.Random(5), tokenizer)
+    assert prompts == copy_prompts(16, 200, 64, 0.0, random.Random(5), tokenizer)
+    for p in prompts:
+        assert p.prompt_len == len(tokenizer.encode(p.text, add_special_tokens=False))
+        assert 200 <= p.prompt_len <= 240 and p.output_len == 64
+    openings = {p.text.split()[0] for p in prompts}
+    assert openings == {"Repeat", "Rewrite", "Rename", "You"}  # all four kinds drawn
+    rename = next(p.text for p in prompts if p.text.startswith("Rename"))
+    old = rename.split("`")[1]
+    assert rename.count(old) > 2  # the identifier to rename is in the file it names

@@ -76,6 +76,15 @@ def test_websocket_random_run_matches_server_metrics(tokenwire_url, tmp_path):
     assert_agrees_with_server(before, after, result)
 
 
+def test_copy_dataset_runs_over_completions_with_the_lengths_it_built(tokenwire_url, tmp_path):
+    result = run_loadtest(
+        tmp_path, "copy", "--url", tokenwire_url + "/v1", "--endpoint", "completions",
+        "--dataset", "copy", "--num-prompts", "3", "--random-input-len", "48",
+        "--random-output-len", "4", "--ignore-eos", "--max-concurrency", "3")
+    assert result["dataset"] == "copy" and result["completed"] == 3 and result["failed"] == 0
+    assert all(48 <= n <= 72 for n in result["input_lens"])  # the server's own counts
+
+
 def test_msgpack_sessions_show_prefix_cache_hits_on_later_turns(tokenwire_url, tmp_path):
     before = scrape(tokenwire_url)
     result = run_loadtest(
