@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import psutil
 
+from scheduler import heap
+
 if TYPE_CHECKING:
     from engine import AsyncEngine, EngineConfig, EngineStats, SamplingParams
 
@@ -63,6 +65,7 @@ class ModelSlot:
             (UNLOADED, "model not loaded")
         self.memory_bytes = 0  # what the process's RSS grew by when it last loaded
         self.loads = 0
+        self.loaded_at_freeze = 0  # heap.freezes() when it last loaded (unload's collection)
         self._max_model_len: int | None = None  # kept once known: a socket's hello shows it
         self.dead = asyncio.Event()  # set once a ready engine died
         # Templates and tokenization run here, off the event loop. One thread: a fast
@@ -124,6 +127,7 @@ class ModelSlot:
 
     def _set_ready(self, engine: AsyncEngine) -> None:
         self._engine = engine
+        self.loaded_at_freeze = heap.freezes()  # before on_ready, which may freeze it
         self._max_model_len = engine.max_model_len
         if self._on_ready is not None:
             self._on_ready()

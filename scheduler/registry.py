@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from collections.abc import Callable
 
+from scheduler import heap
 from scheduler.models import FAILED, READY, ModelSlot
 from scheduler.policy import OVERLOADED
 from scheduler.ticket import Rejected
@@ -218,8 +218,10 @@ class ModelRegistry:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
         await slot.unload()
-        _return_memory()
-        log.info("model %s unloaded", slot.name)
+        start = time.perf_counter()
+        _return_memory(slot.loaded_at_freeze)
+        log.info("model %s unloaded (its memory returned in %.0f ms)", slot.name,
+                 (time.perf_counter() - start) * 1e3)
 
     # -- keep-alive ------------------------------------------------------------------------
     def _touch(self, slot: ModelSlot) -> None:
@@ -258,12 +260,10 @@ class ModelRegistry:
             await slot.stop()
 
 
-def _return_memory() -> None:
-    """Collect the unloaded engine's cycles (the startup heap is frozen: unfreeze it so
-    they can go) and hand the freed heap back to the OS."""
+def _return_memory(loaded_at: int) -> None:
+    """Collect the unloaded engine's cycles (`loaded_at`: heap.freezes() when it loaded)
+    and hand the freed heap back to the OS."""
     from engine import release_free_heap  # glibc keeps freed step buffers otherwise
 
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
+    heap.collect_unloaded(loaded_at)
     release_free_heap()

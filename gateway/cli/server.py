@@ -8,7 +8,6 @@ with status 1 so that its supervisor restarts it.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import re
@@ -23,6 +22,7 @@ from gateway.cli.tls import TLSSite
 from gateway.config import GatewayConfig, is_loopback
 from gateway.sessions.factory import make_session_store
 from gateway.sessions.store import SessionStoreConfig
+from scheduler import heap
 from scheduler.config import SchedulerConfig
 from scheduler.door import Scheduler
 from scheduler.models import ModelSlot
@@ -53,8 +53,7 @@ def freeze_startup_heap() -> None:
     Frozen, a full collection walks only what serving allocated since. Garbage is
     collected first so that none of it is kept for good. The collector is the process's,
     so the entry point decides this: it runs once the model is ready."""
-    gc.collect()
-    gc.freeze()
+    heap.freeze()
 
 
 async def serve(config: GatewayConfig, specs: list[ModelSpec], sched_cfg: SchedulerConfig,
