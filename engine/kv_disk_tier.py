@@ -12,6 +12,9 @@ one writer thread behind a bounded queue; a block waiting there is already finda
 With a max age, a file unused for longer is deleted (on the next write, and on a restart's
 scan): the serve command sets it to the session TTL, so an expired session's blocks go
 with it while blocks other sessions still use (a shared system prompt) stay.
+Replicas may share the directory (a session that fails over finds the blocks the dead
+replica wrote): a read also tries a file this process never indexed, and indexes it. Each
+process bounds the files it wrote or read, so N replicas keep at most N bounds' worth.
 """
 from __future__ import annotations
 
@@ -88,24 +91,31 @@ class DiskTier:
             self.pending[block_hash] = block
 
     def get(self, block_hash: bytes) -> TieredBlock | None:
-        """The block if it is pending or on disk and passes every check, else None."""
+        """The block if it is pending or on disk and passes every check, else None.
+        A file this process never indexed is read too: another replica sharing the
+        directory wrote it (a session that failed over), and it joins the index."""
         with self.lock:
             block = self.pending.get(block_hash)
-            if block is not None or block_hash not in self.index:
+            if block is not None:
                 return block
-            self.index[block_hash] = (self.index[block_hash][0], time.time())
-            self.index.move_to_end(block_hash)
+            known = block_hash in self.index
+            if known:
+                self.index[block_hash] = (self.index[block_hash][0], time.time())
+                self.index.move_to_end(block_hash)
         path = self._path(block_hash)
         try:
             data = path.read_bytes()
             os.utime(path)
         except OSError:
-            self._forget(block_hash, corrupt=False)
+            if known:  # deleted under us: by another replica's bound, or by hand
+                self._forget(block_hash, corrupt=False)
             return None
         block = self._decode(data)
         if block is None:
             log.warning("KV block file %s failed its check; deleted", path.name)
             self._forget(block_hash, corrupt=True)
+        elif not known:
+            self._adopt(block_hash, len(data))
         return block
 
     def discard(self, block_hash: bytes) -> bool:
@@ -203,6 +213,15 @@ class DiskTier:
         tensor = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         tensor = tensor.view(self.dtype).reshape(self.payload_shape)
         return TieredBlock(None if parent == _NO_PARENT else parent, tokens, tensor)
+
+    def _adopt(self, block_hash: bytes, size: int) -> None:
+        """Index another writer's file as used now, within this process's byte bound."""
+        with self.lock:
+            if block_hash in self.index:  # adopted by a concurrent read
+                return
+            self.index[block_hash] = (size, time.time())
+            self.stats.bytes += size
+            self._drop_oldest(self.capacity)
 
     def _forget(self, block_hash: bytes, corrupt: bool) -> None:
         with self.lock:

@@ -12,7 +12,6 @@ both, their figures printed side by side.
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 
 import aiohttp
@@ -20,55 +19,19 @@ import pytest
 
 from tests.sizes import FULL_SIZE
 
-from .harness import connect, until_end
+from .harness import connect
+from .kv_turns import (BLOCK, LONG_SENTENCES, MIN_CACHED, POOL_BLOCKS, chat, figures, text,
+                       tier_metric, wait_for_metric)
 
-BLOCK = 16
-# CI runs a ~1,000-token session, which proves the same restores in a third of the
-# prefills; TOKENWIRE_FULL_SIZE=1 runs the ~3,050-token one behind the TTFT figures quoted
-# in docs/sessions.md. Each pool holds the long session and little else; each filler is
-# half of it, so four fill it twice over.
-if FULL_SIZE:
-    POOL_BLOCKS, LONG_SENTENCES, FILLER_SENTENCES, MIN_CACHED = 200, 90, 47, 2900
-    MIN_SPEEDUP = 5.0
-else:
-    POOL_BLOCKS, LONG_SENTENCES, FILLER_SENTENCES, MIN_CACHED = 80, 30, 19, 950
-    MIN_SPEEDUP = 3.0  # 11.5-12.5x measured: a ratio shrinks with the prefill it saves
+# Each filler is half of the long session, so four fill its pool twice over.
+FILLER_SENTENCES = 47 if FULL_SIZE else 19
+# A ratio shrinks with the prefill it saves: CI's smaller session measured 11.5-12.5x.
+MIN_SPEEDUP = 5.0 if FULL_SIZE else 3.0
 NUM_FILLERS = 4
 IDLE_S = 1.0
-SENTENCE = ("Entry {}: the keeper of the light at {} wrote down the wind, the ships that "
-            "passed and the birds that rested on the rail.")
 # A long heartbeat: the long session's client reads nothing while the fillers run.
 FLAGS = ("--block-size", str(BLOCK), "--num-kv-blocks", str(POOL_BLOCKS),
          "--kv-park-idle", str(IDLE_S), "--heartbeat", "600")
-
-
-# A 3,000-token prefill takes tens of seconds on a busy 2-core box.
-TURN_TIMEOUT_S = 300.0
-
-
-async def chat(ws, request_id: str, content: str) -> tuple[str, dict]:
-    await ws.send_json({"type": "chat", "id": request_id, "content": content,
-                        "params": {"max_tokens": 8, "temperature": 0}})
-    return await until_end(ws, request_id, TURN_TIMEOUT_S)
-
-
-def text(place: str, sentences: int) -> str:
-    return " ".join(SENTENCE.format(i, place) for i in range(sentences))
-
-
-async def tier_metric(http, server, name: str, tier: str) -> float:
-    async with http.get(server.http_url + "/metrics") as resp:
-        body = await resp.text()
-    found = re.search(rf'^tokenwire_{name}{{tier="{tier}"}} (\S+)$', body, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-async def wait_for_metric(http, server, name: str, tier: str, at_least: float) -> None:
-    for _ in range(300):
-        if await tier_metric(http, server, name, tier) >= at_least:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{name}{{tier={tier}}} never reached {at_least}")
 
 
 async def fill_pool(http, server) -> None:
@@ -78,12 +41,6 @@ async def fill_pool(http, server) -> None:
         _, end = await chat(ws, "fill", text(f"Filler Rock {i}", FILLER_SENTENCES))
         assert end["type"] == "done", end
         await ws.close()
-
-
-def figures(end: dict) -> dict:
-    assert end["type"] == "done", end
-    return {"cached": end["usage"]["cached_tokens"], "prompt": end["usage"]["prompt_tokens"],
-            "ttft_ms": end["timing"]["ttft_ms"]}
 
 
 class Run:
