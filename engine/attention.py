@@ -1,7 +1,8 @@
 """Paged attention behind one interface: a plain-torch backend (CPU, reference) and a
 Triton backend (GPU). Metadata is built once per step and passed as an argument.
 
-Token order in a step: decode requests first (one query each), then prefill/extend
+Token order in a step: decode rows first (one query each: a decoding request, or one of
+a verifying request's 1 + k rows, each with its own context length), then prefill/extend
 requests (several queries each, the last ones of their context):
 
     tokens: [d0 d1 d2 | p0 p0 p0 p0 | p1 p1]     num_decodes = 3
@@ -23,7 +24,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [B, max_blocks] int32, decodes first
     seq_lens: torch.Tensor  # [B] int32: context length after this step
     query_start_loc: torch.Tensor  # [B+1] int32 over all tokens
-    num_decodes: int  # the first num_decodes requests have exactly one query token
+    num_decodes: int  # the first num_decodes rows of the tables have one query token each
     max_seq_len: int
     # host copies for the torch backend's per-request prefill loop
     query_lens_host: list[int]

@@ -3,8 +3,9 @@ decoder layer of a Llama-style model whose projections are all quantized (QuantL
 gemma_decode_stack.cpp those of Gemma 3, each with the same kernels in the same order as the
 model's forward, so the same bits come out. What it saves is the Python between the
 kernels: ~1 ms of an ~11 ms SmolLM2-135M step at batch 1, where a lone chat's every token
-waits on it. Steps with prefill rows, and models it does not cover, keep the model's
-forward."""
+waits on it. Speculative verification steps come here too: each proposed token is a decode
+row with its own context length. Steps with prefill rows, and models it does not cover,
+keep the model's forward."""
 from __future__ import annotations
 
 import torch
@@ -43,7 +44,8 @@ class CpuDecodeStack:
         return cls(model, _llama_stack(model))
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches):
-        """input_ids, positions [T], one token per sequence -> hidden [T, hidden]."""
+        """input_ids, positions [T], decode rows only (a sequence's proposed tokens are
+        rows of their own, engine.model_runner._host_inputs) -> hidden [T, hidden]."""
         assert meta.num_decodes == input_ids.shape[0], "decode-only steps"
         if isinstance(self.model, Gemma3Model):
             return self.stack.forward(self.model.embed_tokens(input_ids), positions,

@@ -132,11 +132,12 @@ class ModelRunner:
         """Run one step; one entry per scheduled request, in batch order: the token sampled
         for a request that caught up (with its log-probabilities when asked), else []; for a
         request with proposed tokens, the accepted ones and the token sampled after them."""
-        order = sorted(range(len(batch.requests)), key=lambda i: batch.num_new_tokens[i] != 1)
+        order = sorted(range(len(batch.requests)), key=lambda i: not _decodes(batch, i))
         step = _host_inputs(batch, order, self.block_size)
         graph_size = self._graph_size(step)
         if graph_size:
-            hidden = self.graphs.replay(self._pinned(_pad(step, graph_size)), len(order))
+            hidden = self.graphs.replay(self._pinned(_pad(step, graph_size)),
+                                        len(step.query_lens))
         else:
             hidden = self._eager_forward(step)
         sampled: list[list[SampledToken]] = [[] for _ in batch.requests]
@@ -184,7 +185,9 @@ class ModelRunner:
 
 @dataclass
 class HostInputs:
-    """One step's inputs as host lists, tokens ordered decodes first."""
+    """One step's inputs as host lists, tokens ordered decodes first. block_tables,
+    seq_lens and query_lens have one entry per attention row: a decode row per token of a
+    decoding request, then one per prefill/extend request."""
 
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
@@ -197,12 +200,21 @@ class HostInputs:
     sample_index: list[int] = field(default_factory=list)
 
 
+def _decodes(batch: ScheduledBatch, i: int) -> bool:
+    """Whether request i computes only its last token and any proposed tokens after it."""
+    return batch.num_new_tokens[i] == 1 or bool(batch.requests[i].spec_token_ids)
+
+
 def _host_inputs(batch: ScheduledBatch, order: list[int], block_size: int) -> HostInputs:
     """A request with proposed tokens computes them after its last real token, and
-    samples at each of those positions (the verification's target distributions):
+    samples at each of those positions (the verification's target distributions). Each
+    of its tokens is a decode row of its own, attending to the context up to itself, so
+    a verification runs wherever a decode does (the fused CPU stack, CUDA graphs):
 
-        input_ids:    [ t  d0 d1 d2 ]
-        sample_index:   ^  ^  ^  ^    (4 rows of logits for one request)
+        input_ids:    [ t  d0 d1 d2 ]     position p .. p + 3
+        seq_lens:     [p+1 p+2 p+3 p+4]   each row's own causal context
+        block_tables: [ B  B  B  B ]      the request's table, once per row
+        sample_index:   ^  ^  ^  ^        (4 rows of logits for one request)
     """
     step = HostInputs()
     for i in order:
@@ -217,9 +229,14 @@ def _host_inputs(batch: ScheduledBatch, order: list[int], block_size: int) -> Ho
         step.positions.extend(range(start, start + n))
         step.slot_mapping.extend(blocks[p // block_size] * block_size + p % block_size
                                  for p in range(start, start + n))
-        step.block_tables.append(blocks)
-        step.seq_lens.append(start + n)
-        step.query_lens.append(n)
+        if _decodes(batch, i):
+            step.block_tables.extend([blocks] * n)
+            step.seq_lens.extend(range(start + 1, start + n + 1))
+            step.query_lens.extend([1] * n)
+        else:
+            step.block_tables.append(blocks)
+            step.seq_lens.append(start + n)
+            step.query_lens.append(n)
         if start + n == request.num_tokens + len(drafts):
             step.sample_rows.append(i)
             end = len(step.input_ids)

@@ -2,6 +2,7 @@
 same tokens and the same logprobs, bit for bit, as LlamaModel.forward chaining the same
 kernels from Python; models it does not cover keep that forward."""
 import contextlib
+import itertools
 
 import pytest
 import torch
@@ -32,13 +33,13 @@ def python_forward(llm):
         runner.decode_stack = stack
 
 
-def assert_same_generations(llm, prompts):
+def assert_same_generations(llm, prompts, params=PARAMS):
     # Both runs must find the prompts in the prefix cache alike: a prefill of the whole
     # prompt rounds differently from one of its uncached tail, which is not what is compared.
     llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0))
-    fused = llm.generate(prompts, PARAMS)
+    fused = llm.generate(prompts, params)
     with python_forward(llm):
-        reference = llm.generate(prompts, PARAMS)
+        reference = llm.generate(prompts, params)
     for a, b in zip(fused, reference):
         assert a.token_ids == b.token_ids
         assert a.logprobs == b.logprobs  # every float equal: the same kernels, the same order
@@ -54,6 +55,40 @@ def test_stack_gives_the_python_forwards_tokens_and_logprobs(llm):
     steps of 3 sequences at different lengths (the stack)."""
     assert_same_generations(llm, ["The capital of France is", "Write a haiku about the sea.",
                                   list(range(1000, 1070))])
+
+
+def test_verification_steps_go_through_the_stack_bit_for_bit():
+    """Speculation on: a step verifying proposed tokens runs each sequence's 1 + k rows
+    through the stack, each row attending to its sequence's context up to itself, and
+    gives the Python forward's tokens and logprobs; rows straddle a block boundary, and
+    every block is free at the end (rejected tokens' slots rolled back)."""
+    llm = LLM(model="default", device="cpu", max_num_batched_tokens=512, speculative="ngram")
+    text = "one two three four five six seven eight nine ten"
+    prompts = [llm.core.encode_chat([{"role": "user", "content": p}]) for p in (
+        f"Repeat exactly: {text}", f"Repeat twice: {text}", "Count from 1 to 30 in digits.")]
+    rows = record_stack_rows(llm)
+    assert_same_generations(llm, prompts, SamplingParams(max_tokens=40, temperature=0,
+                                                         ignore_eos=True, logprobs=3))
+    verifying = [r for r in rows if len(r) > len({table for _, table in r})]
+    assert verifying, "no step verified proposed tokens through the stack"
+    block_size = llm.core.config.block_size
+    assert any(a[1] == b[1] and b[0] % block_size == 0  # one sequence's rows p - 1, p
+               for r in verifying for a, b in itertools.pairwise(r)), "no block boundary"
+    stats = llm.core.stats()
+    assert stats.spec_accepted_tokens > 0 and stats.num_free_blocks == stats.num_total_blocks
+
+
+def record_stack_rows(llm) -> list[list[tuple[int, tuple]]]:
+    """Each stack call's rows as (position, block table), appended as the engine runs."""
+    stack, calls = llm.core.runner.decode_stack, []
+    forward = stack.forward
+
+    def recording(input_ids, positions, meta, kv_caches):
+        calls.append(list(zip(positions.tolist(), map(tuple, meta.block_tables.tolist()))))
+        return forward(input_ids, positions, meta, kv_caches)
+
+    stack.forward = recording
+    return calls
 
 
 def test_stack_covers_int4_weights_and_qkv_bias():

@@ -238,3 +238,24 @@ def test_llm_greedy_tokens_match_torch_backend():
         assert len(got.token_ids) == 16
         assert got.token_ids == want.token_ids, f"request {i} diverged"
         assert got.num_cached_tokens == want.num_cached_tokens
+
+
+@pytest.mark.skipif(not INTERPRET, reason="CPU engine run under TRITON_INTERPRET=1")
+def test_speculative_verification_rows_on_the_decode_kernel_keep_greedy_tokens():
+    """A verifying request's 1 + k tokens are decode rows, each seeing its context up to
+    itself (engine.model_runner): on the Triton decode kernel, mixed with prefill chunks,
+    they give plain decoding's tokens and logprobs (a row that saw the proposed tokens
+    after it moved them by ~1e-2 here)."""
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=0)
+    outs = {}
+    for backend, config in (("triton", {"speculative": "ngram"}), ("torch", {})):
+        llm = LLM(model="dummy:tiny", device="cpu", attention_backend=backend, num_threads=1,
+                  max_num_batched_tokens=24, max_num_seqs=8, num_kv_blocks=64, **config)
+        outs[backend] = llm, llm.generate(PROMPTS, params)
+    (spec, got), (_, want) = outs["triton"], outs["torch"]
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    torch.testing.assert_close([lp.logprob for o in got for lp in o.logprobs],
+                               [lp.logprob for o in want for lp in o.logprobs],
+                               atol=1e-4, rtol=0)
+    stats = spec.core.stats()
+    assert stats.spec_accepted_tokens > 0 and stats.num_free_blocks == stats.num_total_blocks
