@@ -59,13 +59,18 @@ def test_stack_gives_the_python_forwards_tokens_and_logprobs(llm):
 
 def test_verification_steps_go_through_the_stack_bit_for_bit():
     """Speculation on: a step verifying proposed tokens runs each sequence's 1 + k rows
-    through the stack, each row attending to its sequence's context up to itself, and
-    gives the Python forward's tokens and logprobs; rows straddle a block boundary, and
-    every block is free at the end (rejected tokens' slots rolled back)."""
+    through the stack, each row attending to its sequence's context up to itself."""
     llm = LLM(model="default", device="cpu", max_num_batched_tokens=512, speculative="ngram")
     text = "one two three four five six seven eight nine ten"
     prompts = [llm.core.encode_chat([{"role": "user", "content": p}]) for p in (
         f"Repeat exactly: {text}", f"Repeat twice: {text}", "Count from 1 to 30 in digits.")]
+    assert_same_verifications(llm, prompts)
+
+
+def assert_same_verifications(llm, prompts):
+    """The stack gives the Python forward's tokens and logprobs on verification steps
+    (greedy, speculation on), some with one sequence's rows across a block boundary, and
+    every block is free at the end (rejected tokens' slots rolled back)."""
     rows = record_stack_rows(llm)
     assert_same_generations(llm, prompts, SamplingParams(max_tokens=40, temperature=0,
                                                          ignore_eos=True, logprobs=3))

