@@ -2,7 +2,8 @@
 it, on copy-heavy prompts (repeat, edit or reformat a given text) and on open chat, one
 request at a time, the two engines alternating prompt by prompt on the same box; prints
 the ratio, the acceptance rate and the mean accepted length (proposed tokens accepted per
-verification).
+verification), then each engine's median step time by the proposed tokens a step verified
+(0: a plain decode step; steps with prefill rows left out).
 
     python -m loadtest.spec_bench [--max-tokens 128] [--num-speculative-tokens 4]
 """
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import subprocess
 import time
+from collections import defaultdict
 
 from engine import LLM, SamplingParams
 from engine.llm import set_num_threads
@@ -44,6 +47,30 @@ CHAT = [
     "Describe your ideal city in a few sentences.",
     "What should I consider when adopting a dog?",
 ]
+
+
+class StepTimes:
+    """Wall time of each decode or verification step `llm` runs, in ms, by the proposed
+    tokens it verified."""
+
+    def __init__(self, llm: LLM):
+        self.ms: dict[int, list[float]] = defaultdict(list)
+        runner = llm.core.runner
+        execute = runner.execute
+
+        def timed(batch):
+            start = time.perf_counter()
+            out = execute(batch)
+            drafts = [len(r.spec_token_ids) for r in batch.requests]
+            if all(n == 1 + d for n, d in zip(batch.num_new_tokens, drafts)):
+                self.ms[sum(drafts)].append(1e3 * (time.perf_counter() - start))
+            return out
+
+        runner.execute = timed
+
+    def medians(self) -> str:
+        return "  ".join(f"{k}: {statistics.median(v):.1f} ({len(v)})"
+                         for k, v in sorted(self.ms.items()))
 
 
 def run_one(llm: LLM, prompt: list[int], params: SamplingParams) -> tuple[int, float]:
@@ -85,6 +112,7 @@ def main(argv=None) -> None:
              num_speculative_tokens=args.num_speculative_tokens)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     compare(off, on, CHAT[:2], SamplingParams(max_tokens=16, temperature=0.0))  # warm up
+    steps = {"off": StepTimes(off), "on": StepTimes(on)}
     print(f"CPU: {cpu_model()}; commit {commit()}; greedy, max_tokens {args.max_tokens}, "
           f"k <= {args.num_speculative_tokens}, c=1")
     print(f"{'dataset':<12}{'off tok/s':>10}{'on tok/s':>10}{'ratio':>8}"
@@ -93,6 +121,9 @@ def main(argv=None) -> None:
         r = compare(off, on, prompts, params)
         print(f"{name:<12}{r['off']:>10.1f}{r['on']:>10.1f}{r['on'] / r['off']:>7.2f}x"
               f"{r['acceptance']:>8.2f}{r['accepted_length']:>8.2f}  {r['tokens']}")
+    print("median step ms by proposed tokens verified (steps):")
+    for name, times in steps.items():
+        print(f"  {name:<4}{times.medians()}")
 
 
 def cpu_model() -> str:
