@@ -135,3 +135,19 @@ def test_the_bench_replays_one_captured_decode_step_through_both_paths(llm):
         assert torch.equal(paths["fused"](*args), paths["python"](*args))
     times = replay(paths, args, 2)
     assert all(len(ms) == 2 and min(ms) > 0 for ms in times.values())
+
+
+def test_the_bench_makes_a_verification_step_of_the_captured_one(llm):
+    """`decode_stack_bench --verify K`: the captured step's row and K more as decode rows
+    give the Python forward's bits, and the prefill attention's result over one extend
+    request up to float noise (a different kernel: 7e-3 here; rows that saw the tokens
+    after them: 1.7)."""
+    from loadtest.decode_stack_bench import captured_step, verification_step
+
+    runner = llm.core.runner
+    rows, extend = verification_step(captured_step(llm, batch=1, context=8), 3)
+    assert rows[2].seq_lens.tolist() == [10, 11, 12, 13] and extend[2].num_decodes == 0
+    with torch.inference_mode():
+        fused = runner.decode_stack.forward(*rows)
+        assert torch.equal(fused, runner.model.forward(*rows))
+        torch.testing.assert_close(fused, runner.model.forward(*extend), atol=2e-2, rtol=0)
