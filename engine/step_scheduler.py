@@ -177,8 +177,9 @@ class StepScheduler:
         return int((budget - 1) // (self.blocks.block_size * self.tier_load_cost))
 
     def _tier_load_charge(self, num_blocks: int) -> int:
-        """Budget tokens that loading `num_blocks` blocks from the tiers costs."""
-        return math.ceil(num_blocks * self.blocks.block_size * self.tier_load_cost)
+        """Budget tokens that loading `num_blocks` blocks from the tiers costs (rounded
+        first, so float error never charges a token past what the limit allowed)."""
+        return math.ceil(round(num_blocks * self.blocks.block_size * self.tier_load_cost, 6))
 
     def _preempt(self, request: Request) -> None:
         self.blocks.free(request)
