@@ -65,6 +65,16 @@ class Block:
         return self.token_ids == token_ids and self.parent_hash == parent_hash
 
 
+@dataclass(slots=True)
+class PrefixHit:
+    """A prefix lookup's result: the pool blocks of the cached prefix, how many of them
+    it loaded from a tier, and whether a tier holds the next block past its load limit."""
+
+    block_ids: list[int]
+    num_loaded: int = 0
+    more_in_tiers: bool = False
+
+
 class BlockManager:
     """Hands out KV blocks to requests; the free queue is an OrderedDict (O(1) removal)."""
 
@@ -93,27 +103,41 @@ class BlockManager:
 
     # -- prefix cache ---------------------------------------------------------------
     def find_cached_prefix(self, request: Request) -> list[int]:
-        """Block ids of the longest cached prefix of the request's full blocks.
+        """Block ids of the longest cached prefix of the request's full blocks, loading
+        from the tiers as much as it takes (`lookup_prefix` without a load limit)."""
+        return self.lookup_prefix(request).block_ids
+
+    def lookup_prefix(self, request: Request, max_loads: int | None = None) -> PrefixHit:
+        """The longest cached prefix of the request's full blocks.
 
         The last token is never taken from the cache: its logits must be computed. Past
         the pool's last hit the lookup goes on in the tiers below; what they hold is
-        loaded into free pool blocks and registered, as if it had never left.
+        loaded into free pool blocks and registered, as if it had never left, at most
+        `max_loads` blocks (None: no limit). Blocks loaded before the limit stop the
+        lookup stay free and findable in the pool, so the next lookup of the same
+        prefix finds them there and loads on from where this one stopped.
         """
         if not self.enable_prefix_caching:
-            return []
+            return PrefixHit([])
         tokens = request.all_token_ids
-        return self._lookup(tokens, (len(tokens) - 1) // self.block_size)
+        return self._lookup(tokens, (len(tokens) - 1) // self.block_size, max_loads)
 
-    def _lookup(self, tokens: Sequence[int], max_blocks: int) -> list[int]:
-        found = []
+    def _lookup(self, tokens: Sequence[int], max_blocks: int,
+                max_loads: int | None = None) -> PrefixHit:
+        hit = PrefixHit([])
         for block_hash, parent_hash, chunk in self._chain(tokens, max_blocks):
             block_id = self.hash_to_block.get(block_hash)
             if block_id is None:
-                block_id = self._load_from_tiers(block_hash, parent_hash, chunk, found)
+                if hit.num_loaded == max_loads:
+                    hit.more_in_tiers = self.tiers is not None and block_hash in self.tiers
+                    break
+                block_id = self._load_from_tiers(block_hash, parent_hash, chunk,
+                                                 hit.block_ids)
+                hit.num_loaded += block_id is not None
             if block_id is None or not self.blocks[block_id].holds(parent_hash, chunk):
                 break
-            found.append(block_id)
-        return found
+            hit.block_ids.append(block_id)
+        return hit
 
     def _chain(self, tokens: Sequence[int], max_blocks: int):
         """(block hash, parent hash, token chunk) of the first `max_blocks` full blocks."""
@@ -144,7 +168,7 @@ class BlockManager:
         that will ask for them; returns how many of its leading blocks the pool holds."""
         if self.tiers is None:
             return 0
-        return len(self._lookup(tokens, len(tokens) // self.block_size))
+        return len(self._lookup(tokens, len(tokens) // self.block_size).block_ids)
 
     def forget(self, tokens: Sequence[int]) -> int:
         """Delete the tiers' copies of the blocks of `tokens`; returns how many there were."""

@@ -55,6 +55,10 @@ class EngineConfig:
     kv_disk_bytes: int = 4 << 30
     kv_disk_queue_blocks: int = 256
     kv_disk_max_age_s: float | None = None
+    # A block loaded back from a tier takes kv_tier_load_cost budget tokens per token it
+    # holds from its step's max_num_batched_tokens (a prefill token costs 1), so a long
+    # restore loads over several steps instead of stalling one; 0: loads are free.
+    kv_tier_load_cost: float = 0.25
     # "torch" | "triton" | "cpu" (C++ kernels, kernels/cpu) | "auto": triton on CUDA; on
     # CPU, cpu where the kernels build (a C++ compiler is present), else torch
     attention_backend: str = "auto"
@@ -114,6 +118,9 @@ class EngineConfig:
         _positive("kv_disk_queue_blocks", self.kv_disk_queue_blocks)
         if self.kv_disk_max_age_s is not None and not self.kv_disk_max_age_s > 0:
             raise ConfigError("kv_disk_max_age_s", "must be a positive number of seconds")
+        if not 0.0 <= self.kv_tier_load_cost <= 1.0:
+            raise ConfigError("kv_tier_load_cost", "must be in [0, 1] (budget tokens per "
+                              "token loaded; a prefill token costs 1)")
         if self.kv_disk_dir is not None and not self.kv_disk_dir.strip():
             raise ConfigError("kv_disk_dir", "must be a directory path, or None for off")
         if self.num_kv_blocks is not None:

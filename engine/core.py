@@ -51,7 +51,8 @@ class EngineCore:
                                             config.max_num_batched_tokens,
                                             eos_token_ids=self.eos_token_ids,
                                             max_model_len=self.max_model_len,
-                                            proposer=_proposer(config))
+                                            proposer=_proposer(config),
+                                            tier_load_cost=config.kv_tier_load_cost)
         self.grammars = GrammarCompiler(
             self.tokenizer, self.runner.sample_vocab, self.eos_token_ids,
             threads=config.grammar_compile_threads, cache_size=config.grammar_cache_size,

@@ -58,6 +58,10 @@ class KVTiers:
         if self.disk is not None:
             self.disk.put(block_hash, block)  # a no-op where it is written or queued
 
+    def __contains__(self, block_hash: bytes) -> bool:
+        """Whether a tier holds the block (unchecked: a broken file is a miss on load)."""
+        return block_hash in self.host or (self.disk is not None and block_hash in self.disk)
+
     def forget(self, block_hash: bytes) -> bool:
         """Delete the block from every tier; whether any held it."""
         held = self.host.discard(block_hash)

@@ -21,11 +21,12 @@ rejected ones back (their KV slots are overwritten later, blocks only they reach
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, PrefixHit
 from engine.forks import ForkWaitlist
 from engine.request import Request, RequestStatus
 
@@ -56,8 +57,9 @@ class StepScheduler:
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, token_budget: int, *,
                  eos_token_ids: frozenset[int] = frozenset(), max_model_len: int | None = None,
-                 proposer: NgramProposer | None = None):
+                 proposer: NgramProposer | None = None, tier_load_cost: float = 0.0):
         self.blocks = block_manager
+        self.tier_load_cost = tier_load_cost  # budget tokens per token loaded from a tier
         self.max_num_seqs = max_num_seqs
         self.token_budget = token_budget
         self.eos_token_ids = eos_token_ids
@@ -143,7 +145,12 @@ class StepScheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             forked = bool(request.block_ids)  # holds its parent's prompt blocks already
-            cached = [] if forked else self.blocks.find_cached_prefix(request)
+            hit = PrefixHit([]) if forked else self.blocks.lookup_prefix(
+                request, self._tier_load_limit(budget))
+            if hit.more_in_tiers:
+                break  # the rest of its prefix loads in the next steps' budgets
+            budget -= self._tier_load_charge(hit.num_loaded)
+            cached = hit.block_ids
             num_computed = (request.num_computed_tokens if forked
                             else len(cached) * self.blocks.block_size)
             num_new = min(request.num_tokens - num_computed, budget)
@@ -161,6 +168,18 @@ class StepScheduler:
             self.running.append(request)
             batch.add(request, num_new)
             budget -= num_new
+
+    def _tier_load_limit(self, budget: int) -> int | None:
+        """Blocks a lookup may load from the tiers within `budget`, leaving a token to
+        compute (None: loads are free)."""
+        if not self.tier_load_cost:
+            return None
+        return int((budget - 1) // (self.blocks.block_size * self.tier_load_cost))
+
+    def _tier_load_charge(self, num_blocks: int) -> int:
+        """Budget tokens that loading `num_blocks` blocks from the tiers costs (rounded
+        first, so float error never charges a token past what the limit allowed)."""
+        return math.ceil(round(num_blocks * self.blocks.block_size * self.tier_load_cost, 6))
 
     def _preempt(self, request: Request) -> None:
         self.blocks.free(request)

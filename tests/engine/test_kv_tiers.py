@@ -248,7 +248,9 @@ def test_a_well_formed_file_of_the_wrong_shape_or_garbage_is_a_miss(tmp_path):
 
 
 @pytest.mark.parametrize("field, value", [("kv_host_bytes", -1), ("kv_disk_bytes", 0),
-                                          ("kv_disk_queue_blocks", 0), ("kv_disk_dir", " ")])
+                                          ("kv_disk_queue_blocks", 0), ("kv_disk_dir", " "),
+                                          ("kv_tier_load_cost", -0.5),
+                                          ("kv_tier_load_cost", 2.0)])
 def test_bad_tier_settings_are_refused_by_name(field, value):
     with pytest.raises(ConfigError, match=field):
         EngineConfig(**{field: value})

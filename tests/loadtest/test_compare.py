@@ -64,3 +64,21 @@ def test_realtime_vs_ws_runs_both_sides_on_one_server(tmp_path, capsys):
     assert report["ratio"] == max(report["realtime_output_tok_per_s"]) / max(
         report["ws_output_tok_per_s"])
     assert "realtime/ws:" in capsys.readouterr().out
+
+
+def test_kv_tiers_comparison_loads_idle_sessions_back_only_with_tiers_on(tmp_path, capsys):
+    """Two sessions whose histories overflow a 16-block pool, each idle with its socket
+    closed between turns: the tiers-on server serves turn 2 from its tiers."""
+    from loadtest.compare_kv_tiers import main as compare_kv_tiers
+
+    out = tmp_path / "tiers.json"
+    rc = compare_kv_tiers([*TINY[:-1], "16", "--history-len", "200", "--user-len", "8",
+                           "--output-len", "4", "--num-sessions", "2", "--turns", "2",
+                           "--idle-gap", "0.5", "--result-json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    off, on = report["tiers_off"], report["tiers_on"]
+    assert off["later_count"] == on["later_count"] == 2
+    assert off["later_mean_prompt_tokens"] == on["later_mean_prompt_tokens"] > 200
+    assert on["later_mean_cached_tokens"] >= 200 - 16 > off["later_mean_cached_tokens"]
+    assert "off/on" in capsys.readouterr().out
