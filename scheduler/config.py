@@ -72,7 +72,9 @@ class SchedulerConfig:
     retry_after_max_ms: int = 30000
     # Several models: their engines' forward steps take turns on the device, fairly
     # (engine/device_gate.py); "off" lets them step at once, as the OS schedules them.
-    model_gate: str = setting("on", "on: the models' engines take fair turns at the "
+    # Off by default: on a 2-core CPU the turns bought even device time but no speed, and
+    # a long prefill step of one model then stalls the other's decode (docs/benchmarks.md).
+    model_gate: str = setting("off", "on: the models' engines take fair turns at the "
                               "device, one forward step at a time; off: they step at once",
                               metavar="on|off")
     model_gate_reserve_s: float = setting(

@@ -74,8 +74,8 @@ class Scheduler:
     Each model has its own AdmissionController (its queue, slots and backpressure, read
     from its own engine's stats); `admission` is the default model's, as it was when one
     model was served. The models' engines run on their own threads and take their forward
-    steps in fair turns at one DeviceGate (`config.model_gate` on; off: at once, as the OS
-    schedules them; docs/models.md)."""
+    steps in fair turns at one DeviceGate with `config.model_gate` on (off, the default: at
+    once, as the OS schedules them; docs/models.md)."""
 
     def __init__(self, config: SchedulerConfig, model: ModelSlot,
                  sampler: ResourceSampler | None = None, *, others: tuple[ModelSlot, ...] = (),

@@ -20,8 +20,14 @@ from typing import TYPE_CHECKING, TypeVar
 import psutil
 
 if TYPE_CHECKING:
-    from engine import (AsyncEngine, DeviceGate, EngineConfig, EngineStats, GateParty,
-                        SamplingParams)
+    from engine import (
+        AsyncEngine,
+        DeviceGate,
+        EngineConfig,
+        EngineStats,
+        GateParty,
+        SamplingParams,
+    )
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Two servers, each its own process on loopback:
   small: a=dummy:tiny (default), b=dummy:tiny (on demand), broken (a corrupt model dir,
-         from a --models TOML file)
+         from a --models TOML file); the device gate on
   big:   dummy:tiny (default); b, c and d = dummy:smollm2-135m (~1.2 GB each loaded) under a
          memory budget that fits the default and one of them; b's keep-alive is 4 s, c and
          d never unload but for the budget (a --models TOML file)
@@ -80,7 +80,8 @@ def small(tmp_path_factory):
     (tmp / "models.toml").write_text(f'[[model]]\nname = "broken"\nsource = "{tmp / "broken"}"'
                                      '\nkeep_alive_s = 0\nmax_model_len = 512\n')
     url, proc = _serve(tmp, "small", "--model", "a=dummy:tiny", "--model", "b=dummy:tiny",
-                       "--models", str(tmp / "models.toml"), "--keep-alive", "-1")
+                       "--models", str(tmp / "models.toml"), "--keep-alive", "-1",
+                       "--model-gate", "on")
     yield url
     _stop(proc)
 
@@ -324,7 +325,7 @@ async def _gate_counters(url: str) -> dict[tuple[str, str], float]:
     async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
         text = await r.text()
     found = re.findall(r'^tokenwire_model_(gate_turns|gate_wait_seconds|device_seconds)'
-                       r'_total\{model="(\w+)"\} (\S+)$', text, re.M)
+                       r'_total\{model="(\w+)"\} (\S+)$', text, re.MULTILINE)
     return {(series, model): float(value) for series, model, value in found}
 
 
