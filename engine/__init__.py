@@ -7,7 +7,8 @@ import importlib
 
 _EXPORTS = {
     "AsyncEngine": "engine.async_engine", "EngineConfig": "engine.config",
-    "ConfigError": "engine.errors", "EngineDeadError": "engine.errors",
+    "ConfigError": "engine.errors", "DeviceGate": "engine.device_gate",
+    "GateParty": "engine.device_gate", "EngineDeadError": "engine.errors",
     "EngineError": "engine.errors", "InvalidRequestError": "engine.errors",
     "ModelLoadError": "engine.errors", "PromptTooLongError": "engine.errors",
     "LLM": "engine.llm", "Mailbox": "engine.mailbox", "CompletionOutput": "engine.outputs", "EngineStats": "engine.outputs",

@@ -10,6 +10,9 @@ Each request has a Mailbox (engine/mailbox.py): outputs that arrive while the co
 busy merge into its one slot, so a slow consumer costs constant memory and never stalls
 the loop.
 
+An engine that runs out of work tells its device gate party so (`idle`): the gate then
+holds the device for the other engines only (engine/device_gate.py).
+
 A failed step ends only its own requests (EngineCore.step). When the loop itself dies (too
 many failed steps in a row, or a fault outside a step) every pending request ends with
 `error`, `is_alive` turns false and `wait_dead()` returns: the caller decides what a dead
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
+from engine.device_gate import GateParty
 from engine.errors import EngineDeadError, EngineError, InvalidRequestError
 from engine.host_memory import release_free_heap
 from engine.mailbox import Mailbox
@@ -77,8 +81,11 @@ class AsyncEngine:
     calling `abort(request_id)` ends the request and frees its KV blocks.
     """
 
-    def __init__(self, config: EngineConfig | None = None, core: EngineCore | None = None):
-        self.core = core or EngineCore(config or EngineConfig())
+    def __init__(self, config: EngineConfig | None = None, core: EngineCore | None = None,
+                 gate: GateParty | None = None):
+        """`gate`: the engine's party at a device gate shared with other models' engines
+        (None: a gate of its own); ignored with a ready `core`."""
+        self.core = core or EngineCore(config or EngineConfig(), gate)
         self.core.grammars.prepare()  # here, where the server loads: not on a first schema
         self._mailboxes: dict[str, Mailbox] = {}
         self._inbox: list[Command] = []
@@ -110,6 +117,11 @@ class AsyncEngine:
     def has_kv_tiers(self) -> bool:
         """Whether blocks can go below the pool (park, prefetch and forget do anything)."""
         return self.core.kv_tiers is not None
+
+    @property
+    def gate(self) -> GateParty:
+        """Its party at the device gate: the turns, waits and device time of its steps."""
+        return self.core.gate
 
     @property
     def is_alive(self) -> bool:
@@ -231,10 +243,14 @@ class AsyncEngine:
                 if outputs:
                     self._loop.call_soon_threadsafe(self._dispatch, outputs)
                 self._trim_due = self._on_cpu
+                if not self.core.has_work():
+                    self.core.gate.idle()  # the device is not held for it while it waits
         except BaseException as exc:  # noqa: BLE001 - the loop must report, not vanish
             log.critical("engine is dead: %s", exc, exc_info=exc)
             self._dead = exc
             self._loop.call_soon_threadsafe(self._on_death, f"engine is dead: {exc}")
+        finally:
+            self.core.gate.idle()
 
     def _wait_for_work(self) -> bool:
         """Blocks until there is work; a CPU engine idle for IDLE_TRIM_S after a step

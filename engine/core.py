@@ -1,4 +1,8 @@
-"""EngineCore: requests in, one batch of RequestOutputs per step out. Single-threaded."""
+"""EngineCore: requests in, one batch of RequestOutputs per step out. Single-threaded.
+
+Each step's forward pass (the model and its sampler) runs as one turn at the engine's
+DeviceGate party, so engines of several models in one process take the device in fair
+turns (engine/device_gate.py); scheduling and booking the outputs run outside it."""
 from __future__ import annotations
 
 import logging
@@ -8,6 +12,7 @@ from jinja2 import TemplateError
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.device_gate import DeviceGate, GateParty
 from engine.errors import EngineDeadError, InvalidRequestError, PromptTooLongError
 from engine.grammar import GrammarCompiler, new_matcher
 from engine.host_memory import keep_freed_step_buffers
@@ -29,8 +34,11 @@ _MAX_CONTEXT = 32768
 class EngineCore:
     """The model side of tokenwire: step scheduler, block manager, runner, detokenizers."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, gate: GateParty | None = None):
+        """`gate`: this engine's party at the device gate it shares with other engines
+        (None: a gate of its own, never waited at)."""
         self.config = config
+        self.gate = gate or DeviceGate().party()
         loaded = load_model(config.model, config.resolved_device(), config.resolved_dtype(),
                             config.seed, config.quantization)
         self.tokenizer = loaded.tokenizer
@@ -149,7 +157,8 @@ class EngineCore:
         if not batch.requests:
             return outputs
         try:
-            sampled = self.runner.execute(batch)
+            with self.gate.turn():
+                sampled = self.runner.execute(batch)
             booked = self.step_scheduler.update_from_output(batch, sampled)
         except Exception as exc:  # noqa: BLE001 - the fault ends at this step's requests
             return outputs + self._fail_step(batch, exc)

@@ -70,6 +70,16 @@ class SchedulerConfig:
     queue_budget_fraction: float = 0.5
     retry_after_min_ms: int = 100
     retry_after_max_ms: int = 30000
+    # Several models: their engines' forward steps take turns on the device, fairly
+    # (engine/device_gate.py); "off" lets them step at once, as the OS schedules them.
+    # Off by default: on a 2-core CPU the turns bought even device time but no speed, and
+    # a long prefill step of one model then stalls the other's decode (docs/benchmarks.md).
+    model_gate: str = setting("off", "on: the models' engines take fair turns at the "
+                              "device, one forward step at a time; off: they step at once",
+                              metavar="on|off")
+    model_gate_reserve_s: float = setting(
+        0.005, "seconds the device waits for the engine whose turn is next while it books "
+        "its last step's outputs; past it the next waiting engine runs")
 
     def __post_init__(self):
         for name in ("max_running_requests", "max_waiting_requests",
@@ -98,6 +108,10 @@ class SchedulerConfig:
         for name in ("nvml_interval_s", "drain_window_s", "ttft_bound_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(name, "must be positive")
+        if self.model_gate not in ("on", "off"):
+            raise ConfigError("model_gate", "must be on or off")
+        if not self.model_gate_reserve_s >= 0:
+            raise ConfigError("model_gate_reserve_s", "must be at least 0")
         if not 0 < self.retry_after_min_ms <= self.retry_after_max_ms:
             raise ConfigError("retry_after_min_ms",
                               "must be positive and at most retry_after_max_ms")

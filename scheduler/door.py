@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine import DeviceGate
 from scheduler.admission import AdmissionController
 from scheduler.config import SchedulerConfig
 from scheduler.models import ModelSlot
@@ -72,18 +73,20 @@ class Scheduler:
 
     Each model has its own AdmissionController (its queue, slots and backpressure, read
     from its own engine's stats); `admission` is the default model's, as it was when one
-    model was served. The models' engines run on their own threads and share the CPU as
-    the OS schedules them (docs/models.md)."""
+    model was served. The models' engines run on their own threads and take their forward
+    steps in fair turns at one DeviceGate with `config.model_gate` on (off, the default: at
+    once, as the OS schedules them; docs/models.md)."""
 
     def __init__(self, config: SchedulerConfig, model: ModelSlot,
                  sampler: ResourceSampler | None = None, *, others: tuple[ModelSlot, ...] = (),
                  memory_budget: int | None = None):
         self.config = config
         self.model = model
+        gate = DeviceGate(config.model_gate_reserve_s) if config.model_gate == "on" else None
         self.models = ModelRegistry(
             [model, *others], memory_budget,
             config.max_running_requests + config.max_waiting_requests,
-            config.retry_after_max_ms)
+            config.retry_after_max_ms, gate)
         self.sampler = sampler if sampler is not None else ResourceSampler(
             config.nvml_interval_s)
         self.admission = AdmissionController(config, model.stats, self.sampler)

@@ -55,6 +55,24 @@ class _ModelCollector:
             held.add_metric([slot.name], models.holds(slot))
             queued.add_metric([slot.name], self._scheduler.admissions[slot].num_waiting)
         yield from (states, memory, loads, held, queued)
+        yield from _gate_families(models.slots)
+
+
+def _gate_families(slots):
+    """Each model's turns at the device gate (engine/device_gate.py), across its loads."""
+    turns = CounterMetricFamily(P + "model_gate_turns", "Forward steps the model's engine "
+                                "ran at the device gate", labels=["model"])
+    waited = CounterMetricFamily(P + "model_gate_wait_seconds", "Seconds the model's engine "
+                                 "waited at the device gate for its turns", labels=["model"])
+    used = CounterMetricFamily(P + "model_device_seconds", "Seconds the model's forward "
+                               "steps held the device", labels=["model"])
+    for slot in slots:
+        party = slot.gate
+        if party is not None:
+            turns.add_metric([slot.name], party.turns)
+            waited.add_metric([slot.name], party.wait_s)
+            used.add_metric([slot.name], party.device_s)
+    return turns, waited, used
 
 
 class _SchedulerCollector:

@@ -22,7 +22,14 @@ import psutil
 from scheduler import heap
 
 if TYPE_CHECKING:
-    from engine import AsyncEngine, EngineConfig, EngineStats, SamplingParams
+    from engine import (
+        AsyncEngine,
+        DeviceGate,
+        EngineConfig,
+        EngineStats,
+        GateParty,
+        SamplingParams,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,13 @@ class ModelSlot:
         # from taking more than its share.
         self._text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         self._token_texts: dict[int, str] = {}  # bounded by the vocabulary
+        self._gate: GateParty | None = None  # its turns at the device, across its loads
+
+    def share_device(self, gate: DeviceGate) -> None:
+        """Its engine's forward steps take their turns at `gate`, with the other models'
+        (from its next load; an engine the caller started keeps its own)."""
+        if self._given is None:
+            self._gate = gate.party()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def load(self) -> None:
@@ -87,7 +101,7 @@ class ModelSlot:
         self.state, self.reason = LOADING, "model loading"
         before = _rss()  # after the engine's code is imported: that is not this model's
         try:
-            engine = await asyncio.to_thread(AsyncEngine, self._config)
+            engine = await asyncio.to_thread(AsyncEngine, self._config, gate=self._gate)
             await engine.start()
         except Exception as exc:  # noqa: BLE001 - reported by /health and /ready
             log.exception("model %s failed to load", self._name or self._config.model)
@@ -176,6 +190,14 @@ class ModelSlot:
 
     def stats(self) -> EngineStats | None:
         return self._engine.stats() if self._engine is not None else None
+
+    @property
+    def gate(self) -> GateParty | None:
+        """Its engine's party at the device gate (turns, waits, device time: they only
+        grow, across loads); None while no engine has been given one."""
+        if self._gate is None and self._engine is not None:
+            return self._engine.gate
+        return self._gate
 
     # -- text <-> token ids ----------------------------------------------------------------
     async def off_loop(self, job: Callable[[], T], timeout: float) -> T:

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from engine import DeviceGate
 from scheduler import heap
 from scheduler.models import FAILED, READY, ModelSlot
 from scheduler.policy import OVERLOADED
@@ -54,13 +55,18 @@ class ModelBusy(RuntimeError):
 
 
 class ModelRegistry:
-    """The models in --model order (the first is the default), their holds and loads."""
+    """The models in --model order (the first is the default), their holds and loads.
+    Their engines take turns at `device_gate` (engine/device_gate.py; None: each engine
+    a gate of its own, so they step at once)."""
 
     def __init__(self, slots: list[ModelSlot], memory_budget: int | None = None,
-                 max_load_waiters: int = 160, retry_after_ms: int = 1000):
+                 max_load_waiters: int = 160, retry_after_ms: int = 1000,
+                 device_gate: DeviceGate | None = None):
         if not slots:
             raise ValueError("at least one model is served")
         self.slots = slots
+        for slot in slots:
+            slot.share_device(device_gate or DeviceGate())
         self.memory_budget = memory_budget
         # Requests that may wait for one model's load; beyond, `overloaded` (a load can
         # take a minute: its waiters are bounded like the admission queue they go to).

@@ -2,7 +2,7 @@
 
 Two servers, each its own process on loopback:
   small: a=dummy:tiny (default), b=dummy:tiny (on demand), broken (a corrupt model dir,
-         from a --models TOML file)
+         from a --models TOML file); the device gate on
   big:   dummy:tiny (default); b, c and d = dummy:smollm2-135m (~1.2 GB each loaded) under a
          memory budget that fits the default and one of them; b's keep-alive is 4 s, c and
          d never unload but for the budget (a --models TOML file)
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -79,7 +80,8 @@ def small(tmp_path_factory):
     (tmp / "models.toml").write_text(f'[[model]]\nname = "broken"\nsource = "{tmp / "broken"}"'
                                      '\nkeep_alive_s = 0\nmax_model_len = 512\n')
     url, proc = _serve(tmp, "small", "--model", "a=dummy:tiny", "--model", "b=dummy:tiny",
-                       "--models", str(tmp / "models.toml"), "--keep-alive", "-1")
+                       "--models", str(tmp / "models.toml"), "--keep-alive", "-1",
+                       "--model-gate", "on")
     yield url
     _stop(proc)
 
@@ -340,6 +342,51 @@ async def test_metrics_carry_the_model_label(small):
     assert 'tokenwire_model_state{model="a",state="loaded"} 1.0' in text
     assert 'tokenwire_model_loads_total{model="b"}' in text
     assert "tokenwire_admission_queue_requests " in text  # the unlabelled one stays
+
+
+async def _gate_counters(url: str) -> dict[tuple[str, str], float]:
+    """{(series, model): value} of the device gate's per-model counters on /metrics."""
+    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+        text = await r.text()
+    found = re.findall(r'^tokenwire_model_(gate_turns|gate_wait_seconds|device_seconds)'
+                       r'_total\{model="(\w+)"\} (\S+)$', text, re.MULTILINE)
+    return {(series, model): float(value) for series, model, value in found}
+
+
+async def _ws_stream_times(url: str, model: str, tokens: int) -> list[float]:
+    """When each token of one `generate` on /v1/ws?model= arrived (monotonic seconds)."""
+    async with websockets.connect(url.replace("http", "ws") + f"/v1/ws?model={model}") as ws:
+        await ws.recv()  # hello
+        await ws.send(json.dumps({"type": "generate", "id": "g", "prompt": "Hi", "params": {
+            "max_tokens": tokens, "ignore_eos": True}}))
+        times = []
+        while True:
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            assert frame["type"] in ("delta", "done"), frame
+            if frame["type"] == "done":
+                return times
+            times += [time.monotonic()] * frame["n"]
+
+
+async def test_two_models_stream_at_once_taking_turns_at_the_device(small):
+    """a and b stream together: both make progress while both run (neither waits for the
+    other to finish), and each model's device gate counters move: turns, device seconds,
+    and seconds spent waiting for the other's steps (0 for an engine alone)."""
+    async with aiohttp.ClientSession() as s, s.post(small + "/v1/models/b/load") as r:
+        assert r.status == 200
+    before = await _gate_counters(small)
+    streams = await asyncio.gather(*(_ws_stream_times(small, m, 160) for m in "abab"))
+    after = await _gate_counters(small)
+    both_ran = (max(t[0] for t in streams), min(t[-1] for t in streams))
+    during = {m: sum(both_ran[0] <= t <= both_ran[1] for t in streams[i] + streams[i + 2])
+              for i, m in enumerate("ab")}
+    moved = {key: after[key] - before.get(key, 0.0) for key in after}
+    print(f"tokens while both streamed {during}; gate counters moved {moved}")
+    assert all(len(t) == 160 for t in streams)
+    assert both_ran[0] < both_ran[1] and min(during.values()) >= 20, during
+    for model in "ab":
+        assert moved["gate_turns", model] >= 160 and moved["device_seconds", model] > 0
+    assert moved["gate_wait_seconds", "a"] + moved["gate_wait_seconds", "b"] > 0
 
 
 @pytest.mark.parametrize("scheme,path,endpoint", [("ws", "/v1/ws", "completions"),
