@@ -9,6 +9,7 @@ A deleted stored response forgets its own turn's blocks; bad values answer 400 b
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import aiohttp
@@ -140,3 +141,20 @@ async def test_a_bad_value_answers_400_naming_the_field(server, field, value):
         assert info.value.status_code == 400
         assert info.value.body["param"] == field, info.value.body
         assert info.value.body["type"] == "invalid_request_error"
+
+
+async def test_websocket_mode_takes_the_fields_and_refuses_a_bad_one_by_name(server):
+    server, _ = server
+    async with client(server).responses.connect() as conn:
+        await conn.response.create(input="Hi", max_output_tokens=2,
+                                   prompt_cache_retention="1h")
+        error = json.loads(await asyncio.wait_for(conn.recv_bytes(), 30))
+        assert error["type"] == "error", error
+        assert error["error"]["param"] == "prompt_cache_retention", error
+        await conn.response.create(input="Hi", max_output_tokens=2,
+                                   prompt_cache_retention="24h", prompt_cache_key="k")
+        ends = ("response.completed", "response.incomplete", "error")  # 2 tokens: incomplete
+        while (event := json.loads(await asyncio.wait_for(conn.recv_bytes(), 120))
+               )["type"] not in ends:
+            pass
+        assert event["type"] == "response.incomplete", event
