@@ -69,6 +69,7 @@ class TierRequest:
     action: str
     token_ids: tuple[int, ...]
     done: asyncio.Future
+    args: tuple = ()  # the method's further arguments (park's retain_s, forget's keep)
 
 
 Command = AddRequest | AbortRequest | TierRequest
@@ -205,25 +206,27 @@ class AsyncEngine:
             self._submit(AbortRequest(request_id))
 
     # -- a sequence's KV in the tiers (a session's, parked while it idles) -------------
-    async def park(self, token_ids: Sequence[int]) -> int:
+    async def park(self, token_ids: Sequence[int], retain_s: float | None = None) -> int:
         """Write the pool's full blocks of `token_ids` down to host RAM and through to
-        disk (between steps; the disk writes on their own thread); how many were."""
-        return await self._tier_call("park", token_ids)
+        disk (between steps; the disk writes on their own thread); how many were.
+        `retain_s`: the disk tier keeps them that long at least (DiskTier)."""
+        return await self._tier_call("park", token_ids, retain_s)
 
     async def prefetch(self, token_ids: Sequence[int]) -> int:
         """Load the tiers' blocks of `token_ids` into the pool ahead of a request that
         will ask for them; how many of its leading blocks the pool then holds."""
         return await self._tier_call("prefetch", token_ids)
 
-    async def forget(self, token_ids: Sequence[int]) -> int:
-        """Delete the tiers' copies of the blocks of `token_ids`; how many there were."""
-        return await self._tier_call("forget", token_ids)
+    async def forget(self, token_ids: Sequence[int], keep_tokens: int = 0) -> int:
+        """Delete the tiers' copies of the blocks of `token_ids`, but for those within its
+        first `keep_tokens`; how many there were."""
+        return await self._tier_call("forget", token_ids, keep_tokens)
 
-    async def _tier_call(self, action: str, token_ids: Sequence[int]) -> int:
+    async def _tier_call(self, action: str, token_ids: Sequence[int], *args) -> int:
         if not self.is_alive or not self.has_kv_tiers:
             return 0
         done = self._loop.create_future()
-        self._submit(TierRequest(action, tuple(token_ids), done))
+        self._submit(TierRequest(action, tuple(token_ids), done, args))
         return await done
 
     def _submit(self, command: Command) -> None:
@@ -286,7 +289,8 @@ class AsyncEngine:
 
     def _tier(self, command: TierRequest) -> None:
         try:
-            result = getattr(self.core.blocks, command.action)(command.token_ids)
+            result = getattr(self.core.blocks, command.action)(command.token_ids,
+                                                                *command.args)
         except Exception:  # noqa: BLE001 - a tier fault costs the cache, not the engine
             log.exception("KV tier %s failed", command.action)
             result = 0

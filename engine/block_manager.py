@@ -149,17 +149,18 @@ class BlockManager:
             parent_hash = block_hash
 
     # -- a sequence's blocks in the tiers (a session's parking, resume and deletion) ---
-    def park(self, tokens: Sequence[int]) -> int:
+    def park(self, tokens: Sequence[int], retain_s: float | None = None) -> int:
         """Write the pool's full blocks of `tokens` down to the tiers now (through to disk
         where there is one), so they outlive their pool blocks and this process; the
-        pool keeps them too. Returns the number of blocks written."""
+        pool keeps them too. `retain_s`: the disk tier keeps them (KVTiers.park).
+        Returns the number of blocks written."""
         if self.tiers is None:
             return 0
         parked = 0
         for block_hash, parent_hash, chunk in self._chain(tokens, len(tokens)):
             block_id = self.hash_to_block.get(block_hash)
             if block_id is not None and self.blocks[block_id].holds(parent_hash, chunk):
-                self.tiers.park(block_hash, parent_hash, chunk, block_id)
+                self.tiers.park(block_hash, parent_hash, chunk, block_id, retain_s)
                 parked += 1
         return parked
 
@@ -170,12 +171,13 @@ class BlockManager:
             return 0
         return len(self._lookup(tokens, len(tokens) // self.block_size).block_ids)
 
-    def forget(self, tokens: Sequence[int]) -> int:
-        """Delete the tiers' copies of the blocks of `tokens`; returns how many there were."""
+    def forget(self, tokens: Sequence[int], keep_tokens: int = 0) -> int:
+        """Delete the tiers' copies of the blocks of `tokens`, but for the blocks within
+        its first `keep_tokens` (a prefix others share); returns how many there were."""
         if self.tiers is None:
             return 0
-        return sum(self.tiers.forget(block_hash)
-                   for block_hash, _, _ in self._chain(tokens, len(tokens)))
+        chain = list(self._chain(tokens, len(tokens)))[keep_tokens // self.block_size:]
+        return sum(self.tiers.forget(block_hash) for block_hash, _, _ in chain)
 
     def _load_from_tiers(self, block_hash: bytes, parent_hash: bytes | None,
                          chunk: tuple[int, ...], found: list[int]) -> int | None:

@@ -48,15 +48,18 @@ class KVTiers:
         self._keep(block_hash, TieredBlock(parent_hash, token_ids, self._read(block_id)))
 
     def park(self, block_hash: bytes, parent_hash: bytes | None,
-             token_ids: tuple[int, ...], block_id: int) -> None:
+             token_ids: tuple[int, ...], block_id: int, retain_s: float | None = None
+             ) -> None:
         """Write a pool block down now, whatever the pool does next: into host RAM and
-        through to disk (queued: the writer thread does the file), so a restart finds it."""
+        through to disk (queued: the writer thread does the file), so a restart finds it.
+        `retain_s`: the disk tier keeps it (DiskTier: ahead of other blocks, and from
+        its age sweep for that long)."""
         block = self.host.get(block_hash)
         if block is None:
             block = TieredBlock(parent_hash, token_ids, self._read(block_id))
             self._keep(block_hash, block)
         if self.disk is not None:
-            self.disk.put(block_hash, block)  # a no-op where it is written or queued
+            self.disk.put(block_hash, block, retain_s)  # written or queued: kept, if asked
 
     def __contains__(self, block_hash: bytes) -> bool:
         """Whether a tier holds the block (unchecked: a broken file is a miss on load)."""

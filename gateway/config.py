@@ -85,6 +85,8 @@ class GatewayConfig:
     render_timeout_s: float = setting(10.0, "seconds a prompt may take to render and "
                                       "tokenize, off the event loop; beyond it the "
                                       "request answers too_large", flag="--render-timeout")
+    max_prompt_cache_key_chars: int = setting(1024, "longest prompt_cache_key a chat "
+                                              "completion or response may name")
     kv_park_idle_s: float = setting(15.0, "seconds a session may go without a turn before "
                                     "its KV blocks are written down to the engine's KV "
                                     "tiers (host RAM, disk), as they are when its last "
@@ -131,6 +133,7 @@ class GatewayConfig:
                      "default_max_tokens", "reconnect_after_ms", "max_choices",
                      "max_conversation_items", "max_schema_bytes", "max_schema_depth",
                      "max_tools", "max_chat_template_kwargs_bytes",
+                     "max_prompt_cache_key_chars",
                      "max_connections_total", "max_connections_per_ip",
                      "max_connections_per_key", "client_secret_ttl_s",
                      "client_secret_max_ttl_s"):

@@ -235,14 +235,18 @@ class ModelSlot:
     def has_kv_tiers(self) -> bool:
         return self._engine is not None and self._engine.has_kv_tiers
 
-    async def park_kv(self, token_ids: Sequence[int]) -> int:
-        return await self._engine.park(token_ids) if self._engine is not None else 0
+    async def park_kv(self, token_ids: Sequence[int], retain_s: float | None = None) -> int:
+        if self._engine is None:
+            return 0
+        return await self._engine.park(token_ids, retain_s)
 
     async def prefetch_kv(self, token_ids: Sequence[int]) -> int:
         return await self._engine.prefetch(token_ids) if self._engine is not None else 0
 
-    async def forget_kv(self, token_ids: Sequence[int]) -> int:
-        return await self._engine.forget(token_ids) if self._engine is not None else 0
+    async def forget_kv(self, token_ids: Sequence[int], keep_tokens: int = 0) -> int:
+        if self._engine is None:
+            return 0
+        return await self._engine.forget(token_ids, keep_tokens)
 
     def engine(self) -> AsyncEngine:
         """The engine itself: for the scheduler's dispatch, not for the gateway."""

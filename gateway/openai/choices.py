@@ -35,6 +35,7 @@ class Choice:
     parent_id: str | None  # the engine id of the prompt's first sample
     echo: str = ""  # the prompt's text, shown before the completion (completions' echo)
     logprobs: list = dataclasses.field(default_factory=list)
+    token_ids: list[int] = dataclasses.field(default_factory=list)  # what it generated
     sent_chars: int = 0  # characters of this choice's text already streamed
     calls: CallParser | None = None  # reads tool calls out of the text (chat with tools)
 
@@ -75,6 +76,7 @@ async def merged(admission: Admission, stream: Stream, choices: list[Choice]
             if exc is not None:
                 raise exc
             stream.completion_tokens += choice.stream.absorb(out)
+            choice.token_ids.extend(out.new_token_ids)
             if out.logprobs:
                 choice.logprobs.extend(out.logprobs)
             running -= out.finished

@@ -64,6 +64,8 @@ class _Common(wire.Params, kw_only=True, forbid_unknown_fields=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     skip_special_tokens: bool = True  # vLLM's: false shows special tokens in the text
+    prompt_cache_key: str | None = None  # gateway/prompt_cache.py
+    prompt_cache_retention: str | None = None
 
 
 # The sampling fields are Params' (one schema with /v1/ws). A field OpenAI does not define

@@ -31,6 +31,7 @@ from gateway.openai.request import (ChatRequest, CommonRequest, CompletionReques
 from gateway.openai.support import check
 from gateway.openai.template import chat_echo, template_options
 from gateway.params import given
+from gateway.prompt_cache import PromptCache, prompt_cache
 from gateway.runtime import RUNTIME, Runtime
 from gateway.stream import Stream
 from gateway.tools.plan import ToolPlan, for_request
@@ -257,6 +258,7 @@ async def _complete(request: web.Request, rt: Runtime, req: CommonRequest,
         params = dataclasses.replace(params, response_format=tools.constraint())
     for prompt in prompts:
         _validate(rt, prompt, params, chat)
+    cache = _prompt_cache(rt, req)
     stream = Stream(f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}",
                     f"http-{next(_ids)}", "http")
     # Everything that can raise comes before admission: a slot is released only below.
@@ -273,9 +275,9 @@ async def _complete(request: web.Request, rt: Runtime, req: CommonRequest,
     rt.http_streams.add(stream)
     try:
         job = Job(rt, admission, req, stream, choices, prompts, tools)
-        if req.stream:
-            return await sse(request, job)
-        return await whole(job)
+        answer = await (sse(request, job) if req.stream else whole(job))
+        _keep(rt, cache, stream, choices)
+        return answer
     except asyncio.CancelledError:
         if not stream.cancel_requested:
             raise  # the client hung up
@@ -284,6 +286,23 @@ async def _complete(request: web.Request, rt: Runtime, req: CommonRequest,
     finally:
         admission.release(stream.completion_tokens, stream.finish_reason)
         rt.http_streams.discard(stream)
+
+
+def _prompt_cache(rt: Runtime, req: CommonRequest) -> PromptCache:
+    try:
+        return prompt_cache(req.prompt_cache_key, req.prompt_cache_retention,
+                            rt.config.max_prompt_cache_key_chars)
+    except RequestError as exc:
+        raise refused(exc) from None
+
+
+def _keep(rt: Runtime, cache: PromptCache, stream: Stream, choices) -> None:
+    """A request that asked for it parks each prompt with its first sample's output."""
+    if cache.retain_s is None or stream.finish_reason not in ("stop", "length"):
+        return
+    for choice in choices:
+        if choice.parent_id is None:
+            rt.session_kv.keep(rt.model, choice.prompt + choice.token_ids, cache.retain_s)
 
 
 def _validate(rt: Runtime, prompt: list[int], params, chat: bool) -> None:

@@ -17,8 +17,7 @@ if TYPE_CHECKING:
 
 # Fields that cannot change what is generated: accepted whatever their value.
 NO_EFFECT = ("user", "metadata", "store", "service_tier", "safety_identifier",
-             "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
-             "prediction")
+             "prompt_cache_options", "prediction")
 
 
 def _set(value) -> bool:

@@ -15,8 +15,8 @@ import msgspec
 from gateway.errors import RequestError, field_error
 
 # Fields that cannot change what is generated: accepted whatever their value.
-NO_EFFECT = ("user", "safety_identifier", "service_tier", "prompt_cache_key",
-             "prompt_cache_retention", "prompt_cache_options", "max_tool_calls", "model")
+NO_EFFECT = ("user", "safety_identifier", "service_tier", "prompt_cache_options",
+             "max_tool_calls", "model")
 
 
 def _given(value) -> bool:
@@ -142,6 +142,8 @@ class _Create(_Strict, kw_only=True):
     stream_options: StreamOptions | None = None
     background: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
+    prompt_cache_key: str | None = None  # gateway/prompt_cache.py
+    prompt_cache_retention: str | None = None
 
 
 CreateRequest = msgspec.defstruct(

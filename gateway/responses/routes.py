@@ -22,6 +22,7 @@ from gateway.openai.request import decode_body
 from gateway.openai.routes import contained, runtime_of
 from gateway.responses import background, stored
 from gateway.responses.answer import follow, sse, whole
+from gateway.responses.kv import forget_deleted
 from gateway.responses.request import CreateRequest
 from gateway.responses.route import responses_socket
 from gateway.responses.run import prepare
@@ -165,6 +166,7 @@ async def delete(request: web.Request) -> web.Response:
         await stored.delete(rt, found.record.session_id)
     except RequestError as exc:
         raise http_error(exc) from None
+    forget_deleted(rt, found)
     return web.json_response({"id": found.record.session_id, "object": "response",
                               "deleted": True})
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.errors import EngineError, InvalidRequestError
 from gateway.errors import RequestError
 from gateway.messages import fit_to_context
+from gateway.prompt_cache import PromptCache, prompt_cache
 from gateway.responses import stored
+from gateway.responses.kv import keep_finished
 from gateway.responses.request import CreateRequest, check, decode_items
 from gateway.responses.shape import ResponseShape
 from gateway.responses.tools import tool_plan
@@ -42,6 +44,8 @@ class Prepared:
     owner: str | None
     generate: bool = True  # False: prefill the chain's prompt, produce nothing
     version: int = 0  # the stored version the final save replaces (background: 1)
+    cache: PromptCache = field(default_factory=PromptCache)  # prompt_cache_key / prompt_cache_retention
+    output_ids: list[int] = field(default_factory=list)  # the tokens generated
 
     @property
     def store(self) -> bool:
@@ -54,6 +58,8 @@ async def prepare(rt: Runtime, req: CreateRequest, owner: str | None, *,
     """Everything before admission; a RequestError names what is refused. `local` holds
     a socket's last response (finish() keeps it), as its chain goes on from it."""
     check(req)
+    cache = prompt_cache(req.prompt_cache_key, req.prompt_cache_retention,
+                         rt.config.max_prompt_cache_key_chars)
     items = decode_items(req.input)
     previous = None
     if req.previous_response_id is not None:
@@ -74,7 +80,7 @@ async def prepare(rt: Runtime, req: CreateRequest, owner: str | None, *,
     _validate(rt, prompt, turn)
     shape = ResponseShape(req, rt.model.name, turn.params.max_tokens, stream_id, tools)
     shape.generate = generate
-    return Prepared(shape, turn, prompt, owner, generate)
+    return Prepared(shape, turn, prompt, owner, generate, cache=cache)
 
 
 async def _previous(rt: Runtime, response_id: str, owner: str | None,
@@ -128,6 +134,7 @@ async def generate(admission: Admission, prepared: Prepared, stream: Stream):
             async for out in outs:
                 first = False
                 stream.absorb(out)
+                prepared.output_ids.extend(out.new_token_ids)
                 yield out
     except EngineError as exc:
         if not first or exc.code == "internal":
@@ -150,8 +157,11 @@ async def finish(rt: Runtime, prepared: Prepared, stream: Stream,
     if prepared.generate and stream.text and shape.status in ("completed", "incomplete"):
         history.append(_reply(shape, stream))
     response = stored.Stored.of(shape.id, prepared.owner, history, obj,
-                                prepared.turn.input_items)
+                                prepared.turn.input_items, prepared.turn.own_from)
     problem = await stored.save(rt, response, prepared.version) if prepared.store else None
+    if shape.status in ("completed", "incomplete"):
+        keep_finished(rt, prepared.prompt + prepared.output_ids, prepared.cache.retain_s,
+                      prepared.store and problem is None)
     if problem is not None:
         log.warning("response %s not stored: %s", shape.id, problem)
         shape.status, shape.completed_at = "failed", None

@@ -4,7 +4,8 @@ replica (Redis).
 
     SessionRecord(session_id=resp_..., owner=key hash,
                   messages=the chain's history through this response's reply,
-                  response={"object": the Response, "input_items": this request's items})
+                  response={"object": the Response, "input_items": this request's items,
+                            "own_from": where this request's messages begin in messages})
 
 A record holds its whole chain's history, bounded by max_conversation_items, so a chain
 continues from one load, on any replica. A response belongs to the key that made it:
@@ -36,9 +37,10 @@ class Stored:
 
     @classmethod
     def of(cls, response_id: str, owner: str | None, history: list[dict], obj: dict,
-           input_items: list[dict]) -> Stored:
+           input_items: list[dict], own_from: int = 0) -> Stored:
         return cls(SessionRecord(response_id, owner, None, {}, history, time.time(), 0,
-                                 {"object": obj, "input_items": input_items}), False)
+                                 {"object": obj, "input_items": input_items,
+                                  "own_from": own_from}), False)
 
     @property
     def object(self) -> dict:

@@ -49,6 +49,7 @@ class Turn:
     input_items: list[dict]
     params: SamplingParams
     tools: list[dict] | None = None  # the tools a template that can renders itself
+    own_from: int = 0  # where this request's own messages begin in `history`
 
 
 def new_id(prefix: str) -> str:
@@ -59,7 +60,8 @@ def build_turn(config: GatewayConfig, req: CreateRequest, items: list[Item],
                previous: list[dict] | None) -> Turn:
     """The turn for `req` whose input is `items`, after the `previous` history (None:
     a chain's first response). Raises a 400 naming the field at fault."""
-    history = list(previous or []) + to_messages(items)
+    own = to_messages(items)
+    history = list(previous or []) + own
     _check_outputs(items, history)
     if not history:
         raise invalid("input: must not be empty", "input")
@@ -68,7 +70,7 @@ def build_turn(config: GatewayConfig, req: CreateRequest, items: list[Item],
         history.pop(0)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     return Turn(system + history, history, [item_body(item) for item in items],
-                sampling(config, req))
+                sampling(config, req), own_from=max(0, len(history) - len(own)))
 
 
 def _check_outputs(items: list[Item], history: list[dict]) -> None:

@@ -9,6 +9,10 @@
 The history's token ids are rendered as a turn's prompt begins (the chat template, no
 generation prompt), so they name the blocks the next turn's prefix lookup will ask for.
 All of it is best effort: a failure costs a re-prefill, never the session.
+
+Requests outside sessions drive the tiers the same way: a finished request that asked for
+it (prompt_cache_key, prompt_cache_retention) or a stored response parks its prompt and
+output (`keep`), and a deleted response forgets its own turn's blocks (`drop`).
 """
 from __future__ import annotations
 
@@ -54,6 +58,30 @@ class SessionKV:
 
     def resumed(self, live: LiveSession) -> None:
         self._spawn(self._apply(live, ModelSlot.prefetch_kv))
+
+    def keep(self, slot: ModelSlot, token_ids: list[int], retain_s: float | None) -> None:
+        """A finished request's prompt and output: parked now, as an idle session's;
+        `retain_s`: kept on disk that long at least (None: as a session's blocks)."""
+        if slot.loaded and slot.has_kv_tiers:
+            self._spawn(self._tier_call(slot.park_kv(token_ids, retain_s), "park"))
+
+    def drop(self, slot: ModelSlot, render: Callable[[], tuple[list[int], int]]) -> None:
+        """Forget a deleted response's blocks: `render` (run off the loop) gives its
+        sequence and how many of its leading tokens it shares with the turns before it,
+        whose blocks stay."""
+        if slot.loaded and slot.has_kv_tiers:
+            self._spawn(self._tier_call(self._forget(slot, render), "forget"))
+
+    async def _forget(self, slot: ModelSlot, render) -> None:
+        token_ids, shared = await slot.off_loop(render, self._render_timeout_s)
+        await slot.forget_kv(token_ids, shared)
+
+    @staticmethod
+    async def _tier_call(call: Awaitable, what: str) -> None:
+        try:
+            await call
+        except Exception:  # noqa: BLE001 - the cache's loss, never the request's
+            log.exception("KV %s failed", what)
 
     async def stop(self) -> None:
         """Parks under way (the sockets a shutdown closed) get STOP_WAIT_S to land."""

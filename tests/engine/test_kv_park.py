@@ -74,8 +74,12 @@ async def test_forget_deletes_a_sequence_from_every_tier(prompts, tmp_path):
         await engine.park(fillers[0])
         engine.core.kv_tiers.disk.flush()
         parked = files(tmp_path)
-        assert await engine.forget(long) == FULL
-        assert parked - files(tmp_path) == {h.hex() for h in block_hashes(long)}
+        hashes = [h.hex() for h in block_hashes(long)]
+        # a prefix others share (a deleted response's earlier turns): its full blocks stay
+        assert await engine.forget(long, keep_tokens=5 * BLOCK + 3) == FULL - 5
+        assert parked - files(tmp_path) == set(hashes[5:])
+        assert await engine.forget(long) == 5
+        assert parked - files(tmp_path) == set(hashes)
         assert all(h not in engine.core.kv_tiers.host for h in block_hashes(long))
         assert files(tmp_path)  # the filler's blocks stay
         assert await engine.forget(long) == 0
