@@ -2,6 +2,8 @@
 reads the block files another one wrote after it started (a session that failed over),
 indexes them within its own byte bound, and takes a file deleted under it, or a crashed
 writer's temporary file, as a miss, never as a corrupt block."""
+import time
+
 import torch
 
 from engine.kv_disk_tier import DiskTier
@@ -65,5 +67,21 @@ def test_read_files_count_against_the_readers_bound(tmp_path):
     assert b.get(b"y" * 32) is not None  # indexed now; x, used least recently, goes
     assert {p.name for p in b.dir.iterdir()} == {(b"y" * 32).hex()}
     assert b.stats.bytes == a.stats.bytes // 2 and b.stats.dropped == 1
+    a.close()
+    b.close()
+
+
+def test_a_block_its_writer_kept_stays_kept_on_the_replica_that_reads_it(tmp_path):
+    """A 24h block (prompt_cache_retention) written by one replica is read by another
+    kept as its writer kept it (its file's mtime in the future), not as an ordinary block
+    its byte bound drops first or its age sweep deletes after the max age."""
+    hour = 3600.0
+    a = DiskTier(str(tmp_path), 1 << 20, bytes(32), SHAPE, torch.float32, 4, hour)
+    b = DiskTier(str(tmp_path), 1 << 20, bytes(32), SHAPE, torch.float32, 4, hour)
+    a.put(b"k" * 32, block(1), retain_s=24 * hour)
+    written(a, b"o", 2)  # an ordinary block beside it
+    assert b.get(b"k" * 32) is not None and b.get(b"o" * 32) is not None
+    assert b"k" * 32 in b.kept and b"o" * 32 in b.index
+    assert b.kept[b"k" * 32][1] > time.time() + 23 * hour
     a.close()
     b.close()
