@@ -52,7 +52,8 @@ def test_every_gateway_field_has_a_flag():
                  "--client-secret-ttl", "60", "--client-secret-max-ttl", "120",
                  "--client-secret-key", "k" * 32, "--max-tools", "5",
                  "--tool-call-parser", "hermes", "--background-log-time", "7",
-                 "--max-chat-template-kwargs-bytes", "99", "--kv-park-idle", "3")
+                 "--max-chat-template-kwargs-bytes", "99", "--kv-park-idle", "3",
+                 "--max-prompt-cache-key-chars", "64")
     config = serve.gateway_config(args, {"TOKENWIRE_API_KEYS": "b,c"})
     defaults = GatewayConfig()
     unchanged = [f.name for f in dataclasses.fields(GatewayConfig)
