@@ -242,17 +242,23 @@ def turn_split(records) -> dict:
 
 
 def format_prefix_cache(report: dict) -> str:
-    lines = [f"turn-2+ TTFT, {report['num_sessions']} sessions x {report['turns']} turns, "
-             f"{report['history_len']}-token first turn: {report['model']} "
-             f"on {report['device']}",
-             f"{'prefix cache':>12} {'turn-1 TTFT ms':>15} {'turn-2+ TTFT ms':>16} "
+    return format_turn_split(
+        f"turn-2+ TTFT, {report['num_sessions']} sessions x {report['turns']} turns, "
+        f"{report['history_len']}-token first turn: {report['model']} on {report['device']}",
+        "prefix cache", {label: report[f"cache_{label}"] for label in ("off", "on")},
+        report["ratio"])
+
+
+def format_turn_split(title: str, header: str, sides: dict[str, dict], ratio: float) -> str:
+    """A turn_split figure per side (off, on) as a table under `title`, and their ratio."""
+    width = max(len(header), 8)
+    lines = [title, f"{header:>{width}} {'turn-1 TTFT ms':>15} {'turn-2+ TTFT ms':>16} "
              f"{'prompt tok':>11} {'cached tok':>11}"]
-    for label in ("off", "on"):
-        r = report[f"cache_{label}"]
-        lines.append(f"{label:>12} {r['first_mean_ttft_ms']:>15.1f} "
+    for label, r in sides.items():
+        lines.append(f"{label:>{width}} {r['first_mean_ttft_ms']:>15.1f} "
                      f"{r['later_mean_ttft_ms']:>16.1f} {r['later_mean_prompt_tokens']:>11.0f} "
                      f"{r['later_mean_cached_tokens']:>11.0f}")
-    lines.append(f"turn-2+ TTFT off/on: {report['ratio']:.1f}x")
+    lines.append(f"turn-2+ TTFT off/on: {ratio:.1f}x")
     return "\n".join(lines)
 
 

@@ -19,7 +19,8 @@ import argparse
 import sys
 import tempfile
 
-from loadtest.compare import _tokenizer_spec, add_common, log, run_online, serve_args, turn_split
+from loadtest.compare import (_tokenizer_spec, add_common, format_turn_split, log,
+                              run_online, serve_args, turn_split)
 from loadtest.config import LoadTestConfig
 from loadtest.report import comparison_main
 from loadtest.server_process import ServerProcess
@@ -93,19 +94,12 @@ def mean_rows(results: list[dict]) -> dict:
 
 
 def format_report(report: dict) -> str:
-    lines = [f"turn-2+ TTFT, {report['num_sessions']} sessions x {report['turns']} turns, "
-             f"{report['history_len']}-token first turn, {report['idle_gap']:g} s idle gap "
-             f"(socket closed, resumed by id), {report['num_kv_blocks']}-block pool: "
-             f"{report['model']} on {report['device']}, mean of {report['repeat']} run(s)",
-             f"{'KV tiers':>8} {'turn-1 TTFT ms':>15} {'turn-2+ TTFT ms':>16} "
-             f"{'prompt tok':>11} {'cached tok':>11}"]
-    for side in SIDES:
-        r = report[f"tiers_{side}"]
-        lines.append(f"{side:>8} {r['first_mean_ttft_ms']:>15.1f} "
-                     f"{r['later_mean_ttft_ms']:>16.1f} {r['later_mean_prompt_tokens']:>11.0f} "
-                     f"{r['later_mean_cached_tokens']:>11.0f}")
-    lines.append(f"turn-2+ TTFT off/on: {report['ratio']:.1f}x")
-    return "\n".join(lines)
+    return format_turn_split(
+        f"turn-2+ TTFT, {report['num_sessions']} sessions x {report['turns']} turns, "
+        f"{report['history_len']}-token first turn, {report['idle_gap']:g} s idle gap "
+        f"(socket closed, resumed by id), {report['num_kv_blocks']}-block pool: "
+        f"{report['model']} on {report['device']}, mean of {report['repeat']} run(s)",
+        "KV tiers", {side: report[f"tiers_{side}"] for side in SIDES}, report["ratio"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,21 +102,21 @@ async def test_a_deleted_response_forgets_its_own_turn_and_keeps_the_chain_befor
 async def test_key_and_24h_blocks_outlast_the_pool_and_the_disk_bound(server):
     server, _ = server
     api = client(server)
-    asked = {"chat 24h": await chat(api, text("Ardnamurchan", 5),
-                                    prompt_cache_retention="24h"),
-             "chat plain": await chat(api, text("Balnakeil", 5)),
-             "responses key": await respond(api, text("Cape Wrath", 5),
-                                            prompt_cache_key="lighthouses"),
-             "responses plain": await respond(api, text("Dunnet Head", 5))}
+
+    async def ask_all() -> dict:
+        """The four requests, each with a retention or key or with neither."""
+        return {"chat 24h": await chat(api, text("Ardnamurchan", 5),
+                                       prompt_cache_retention="24h"),
+                "chat plain": await chat(api, text("Balnakeil", 5)),
+                "responses key": await respond(api, text("Cape Wrath", 5),
+                                               prompt_cache_key="lighthouses"),
+                "responses plain": await respond(api, text("Dunnet Head", 5))}
+
+    asked = await ask_all()
     await settled(server)
     for i in range(3):  # each fills most of the pool; their evicted blocks fill the disk
         await chat(api, text(f"Filler Point {i}", 9))
-    again = {"chat 24h": await chat(api, text("Ardnamurchan", 5),
-                                    prompt_cache_retention="24h"),
-             "chat plain": await chat(api, text("Balnakeil", 5)),
-             "responses key": await respond(api, text("Cape Wrath", 5),
-                                            prompt_cache_key="lighthouses"),
-             "responses plain": await respond(api, text("Dunnet Head", 5))}
+    again = await ask_all()
     print()
     for name, fig in again.items():
         print(f"{name:16} cached {fig['cached']:4}/{fig['prompt']} (first run "
