@@ -33,19 +33,22 @@ async def test_slow_reader_does_not_hurt_others_and_costs_constant_memory(server
                                 send_timeout_s=60.0, heartbeat_s=60.0)
     rt = server.runtime(app)
     itl = {"baseline": [], "slow": []}
+    median_ratios = []  # per round: the stalled round's p50 gap over the reading round's
     tail_ratios = []  # per round: the stalled round's p95 gap over the reading round's
     costs = []
     async with aiohttp.ClientSession() as session:
         readers = [await WsClient(session, url).__aenter__() for _ in range(3)]
         for round_ in range(ROUNDS):
-            p95 = {}
+            p50, p95 = {}, {}
             for kind in ("baseline", "slow"):
                 gaps, cost = await run_phase(server, rt, url, readers, f"{kind[0]}{round_}",
                                              reading=kind == "baseline")
                 itl[kind] += gaps
+                p50[kind] = percentile(gaps, .5)
                 p95[kind] = percentile(gaps, .95)
                 if cost is not None:
                     costs.append(cost)
+            median_ratios.append(p50["slow"] / p50["baseline"])
             tail_ratios.append(p95["slow"] / p95["baseline"])
         for client in readers:
             await client.__aexit__()
@@ -53,14 +56,15 @@ async def test_slow_reader_does_not_hurt_others_and_costs_constant_memory(server
     print(f"\nITL of the reading clients, p50/p99: baseline "
           f"{1000 * base_p50:.1f}/{1000 * percentile(itl['baseline'], .99):.1f} ms, with a "
           f"stalled reader {1000 * slow_p50:.1f}/{1000 * percentile(itl['slow'], .99):.1f} ms "
-          f"({len(itl['slow'])} gaps); p95 stalled/baseline by round: "
-          + ", ".join(f"{r:.2f}" for r in tail_ratios) + "; stalled socket's server-side cost: "
+          f"({len(itl['slow'])} gaps); p50 and p95 stalled/baseline by round: "
+          + ", ".join(f"{m:.2f}/{t:.2f}" for m, t in zip(median_ratios, tail_ratios)) + "; stalled socket's server-side cost: "
           + "; ".join(f"max {c['entries']} queued entries, {c['buffer']} B in the transport, "
                       f"{c['tokens']} tokens merged into {c['frames']} frames" for c in costs))
-    # The median shows a server slowed in every step; the tail, compared round by round
-    # (median of the rounds' ratios), shows one slowed now and then. Pooled p95/p99 are
-    # not compared: on the shared box one neighbour's burst moves them by half either way.
-    assert slow_p50 <= 1.2 * base_p50
+    # The median gap shows a server slowed in every step; the tail shows one slowed now
+    # and then. Both are compared round by round (the median of the rounds' ratios): a
+    # stalled socket that slows the server spoils every round, a neighbour's burst on the
+    # shared box spoils one (pooled, CI once saw the p50 1.24x apart from such a burst).
+    assert sorted(median_ratios)[ROUNDS // 2] <= 1.2
     assert sorted(tail_ratios)[ROUNDS // 2] <= 1.5
     for cost in costs:
         assert cost["entries"] <= 2 * SLOW_STREAMS  # one delta + one done per stream, at most
