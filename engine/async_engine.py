@@ -166,6 +166,7 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
         self.core.grammars.shutdown()
+        self.core.close_tokenizer()
         if self.core.kv_tiers is not None:
             await asyncio.to_thread(self.core.kv_tiers.close)  # queued disk writes land
         self._fail_all("engine stopped")  # nothing will ever step these requests again

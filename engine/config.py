@@ -78,6 +78,12 @@ class EngineConfig:
     speculative: str | None = None
     num_speculative_tokens: int = 4
     seed: int = 0
+    # "on": the tokenizer is built, and encodes and renders chat templates, in a child
+    # process (engine.tokenizer_process): building a large vocabulary's tokenizer holds the
+    # GIL for seconds, which a model loaded beside running streams must not; decoding
+    # stays here. "off": all here. "auto": what a server decides (on for a model it loads
+    # on demand, off for the models it starts with); off elsewhere.
+    tokenizer_process: str = "auto"
     # A failed step ends only its own requests; this many failed steps in a row mean the
     # device or the engine is broken for good: the engine stops (and `serve` exits).
     max_consecutive_failed_steps: int = 3
@@ -118,6 +124,8 @@ class EngineConfig:
         _positive("kv_disk_queue_blocks", self.kv_disk_queue_blocks)
         if self.kv_disk_max_age_s is not None and not self.kv_disk_max_age_s > 0:
             raise ConfigError("kv_disk_max_age_s", "must be a positive number of seconds")
+        if self.tokenizer_process not in ("on", "off", "auto"):
+            raise ConfigError("tokenizer_process", "must be on, off or auto")
         if not 0.0 <= self.kv_tier_load_cost <= 1.0:
             raise ConfigError("kv_tier_load_cost", "must be in [0, 1] (budget tokens per "
                               "token loaded; a prefill token costs 1)")

@@ -12,6 +12,7 @@ from jinja2 import TemplateError
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.tokenizer_process import TokenizerProcess
 from engine.device_gate import DeviceGate, GateParty
 from engine.errors import EngineDeadError, InvalidRequestError, PromptTooLongError
 from engine.grammar import GrammarCompiler, new_matcher
@@ -40,7 +41,8 @@ class EngineCore:
         self.config = config
         self.gate = gate or DeviceGate().party()
         loaded = load_model(config.model, config.resolved_device(), config.resolved_dtype(),
-                            config.seed, config.quantization)
+                            config.seed, config.quantization,
+                            tokenizer_process=config.tokenizer_process == "on")
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
         self.model_name = loaded.name
@@ -73,6 +75,11 @@ class EngineCore:
         self.num_failed_steps = 0  # in a row; reset by every step that succeeds
 
     # -- text ------------------------------------------------------------------------
+    def close_tokenizer(self) -> None:
+        """End the tokenizer's child process, where it has one (engine.tokenizer_process)."""
+        if isinstance(self.tokenizer, TokenizerProcess):
+            self.tokenizer.close()
+
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 

@@ -134,15 +134,27 @@ class GrammarCompiler:
         (offline engines that never see a response_format skip reading the vocabulary)."""
         with self._build_lock:  # not _lock: the event loop must not wait on this
             if self._compiler is None:
-                tokenizer, vocab_size, stop_ids = self._vocabulary
-                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                          stop_token_ids=stop_ids)
+                info = _tokenizer_info(*self._vocabulary)
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             return self._compiler
 
     def _timed_out(self) -> InvalidRequestError:
         return InvalidRequestError(FIELD, f"schema took longer than {self.timeout_s:g} s to "
                                    "compile (grammar_compile_timeout_s)")
+
+
+def _tokenizer_info(tokenizer, vocab_size: int, stop_ids: list[int]) -> xgr.TokenizerInfo:
+    """xgrammar's reading of the vocabulary; a tokenizer in a child process hands over the
+    child's reading (engine.tokenizer_process) instead of being read here."""
+    child_read = getattr(tokenizer, "grammar_vocabulary", None)
+    if child_read is None:
+        return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=stop_ids)
+    encoded, vocab_type, add_prefix_space = child_read
+    encoded = (list(encoded) + [""] * vocab_size)[:vocab_size]  # as from_huggingface pads
+    return xgr.TokenizerInfo(encoded, vocab_type=xgr.VocabType(vocab_type),
+                             vocab_size=vocab_size, stop_token_ids=stop_ids,
+                             add_prefix_space=add_prefix_space)
 
 
 def _tool_call_tag(reduced: dict) -> xgr.StructuralTag:

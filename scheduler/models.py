@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,14 @@ T = TypeVar("T")
 
 
 def _rss() -> int:
-    return psutil.Process().memory_info().rss
+    """The server's resident memory with its children's: a model's tokenizer process
+    (engine.tokenizer_process) is part of what loading it costs."""
+    process = psutil.Process()
+    total = process.memory_info().rss
+    for child in process.children():
+        with contextlib.suppress(psutil.Error):  # one that just ended
+            total += child.memory_info().rss
+    return total
 
 
 def served_name(source: str) -> str:
@@ -101,7 +109,7 @@ class ModelSlot:
         self.state, self.reason = LOADING, "model loading"
         before = _rss()  # after the engine's code is imported: that is not this model's
         try:
-            engine = await asyncio.to_thread(AsyncEngine, self._config, gate=self._gate)
+            engine = await asyncio.to_thread(AsyncEngine, self._engine_config(), gate=self._gate)
             await engine.start()
         except Exception as exc:  # noqa: BLE001 - reported by /health and /ready
             log.exception("model %s failed to load", self._name or self._config.model)
@@ -111,6 +119,14 @@ class ModelSlot:
         self.loads += 1
         self._set_ready(engine)
         log.info("model %s loaded (%d MB); ready", self.name, self.memory_bytes >> 20)
+
+    def _engine_config(self) -> EngineConfig:
+        """Its config, `tokenizer_process` "auto" decided: on for a load while other models
+        may be streaming (on demand, or a reload), off for a load at start."""
+        if self._config.tokenizer_process != "auto":
+            return self._config
+        on_demand = self.loads > 0 or not self.preload
+        return dataclasses.replace(self._config, tokenizer_process="on" if on_demand else "off")
 
     async def watch(self) -> None:
         """Return once the engine's loop has died (state failed, `dead` set)."""

@@ -80,6 +80,9 @@ class ModelRegistry:
         self._went_idle = asyncio.Event()  # set when a hold ends (a load over budget waits)
         self._tasks: set[asyncio.Task] = set()  # the keep-alive unloads under way
         self._watchers: dict[ModelSlot, asyncio.Task] = {}  # each loaded engine's death
+        # Before the first load of several models: what a load imports, imported while no
+        # model streams yet (engine.loader.import_loading_code)
+        self._loading_code_imported = False
 
     @property
     def default(self) -> ModelSlot:
@@ -172,6 +175,9 @@ class ModelRegistry:
         async with self._load_lock:
             if slot.loaded:
                 return
+            if not self._loading_code_imported and len(self.slots) > 1:
+                await asyncio.to_thread(_import_loading_code)
+                self._loading_code_imported = True
             await self._make_room(slot)
             await slot.load()
             if slot.loaded:
@@ -264,6 +270,12 @@ class ModelRegistry:
             timer.cancel()
         for slot in self.slots:
             await slot.stop()
+
+
+def _import_loading_code() -> None:
+    from engine.loader import import_loading_code  # imports torch: only with models to load
+
+    import_loading_code()
 
 
 def _return_memory(loaded_at: int) -> None:

