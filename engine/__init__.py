@@ -14,6 +14,7 @@ _EXPORTS = {
     "LLM": "engine.llm", "Mailbox": "engine.mailbox", "CompletionOutput": "engine.outputs", "EngineStats": "engine.outputs",
     "RequestOutput": "engine.outputs", "SamplingParams": "engine.sampling_params",
     "release_free_heap": "engine.host_memory", "served_name": "engine.loader",
+    "import_loading_code": "engine.loader",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -273,7 +273,7 @@ class ModelRegistry:
 
 
 def _import_loading_code() -> None:
-    from engine.loader import import_loading_code  # imports torch: only with models to load
+    from engine import import_loading_code  # imports torch: only with models to load
 
     import_loading_code()
 
