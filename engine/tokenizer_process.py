@@ -26,7 +26,6 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600.0  # a cold child imports transformers and builds the tokenizer
-NICENESS = 10  # the child's: its build yields the cores to the engines' steps
 _SPANS_CHECKED = 2000  # random spans the child decodes both ways before handing over
 
 
@@ -347,7 +346,4 @@ def _grammar_type(tokenizer) -> tuple[int, bool]:
 
 
 if __name__ == "__main__":
-    # Background work beside the running models' steps: their threads get the cores first
-    # (an encode waits ~0.4 ms for the child anyway).
-    os.nice(NICENESS)
     _serve(Connection(int(sys.argv[1])), sys.argv[2], sys.argv[3])
