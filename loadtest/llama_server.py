@@ -33,15 +33,15 @@ def peer_env(env) -> dict[str, str]:
 
 class LlamaServer:
     """`llama-server -m GGUF` with `slots` parallel sequences of `slot_tokens` each and
-    `threads` CPU threads; waits until /health answers 200."""
+    `threads` CPU threads, and `extra_args` after them; waits until /health answers 200."""
 
     def __init__(self, binary: str, gguf: str, slots: int, slot_tokens: int, threads: int,
-                 ready_timeout_s: float = 300.0):
+                 ready_timeout_s: float = 300.0, extra_args: tuple[str, ...] = ()):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port),
                     "-np", str(slots), "-c", str(slots * slot_tokens), "-t", str(threads),
-                    "-tb", str(threads)]
+                    "-tb", str(threads), *extra_args]
         self.ready_timeout_s = ready_timeout_s
         self.proc: subprocess.Popen | None = None
         self._log = tempfile.TemporaryFile()

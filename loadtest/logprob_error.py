@@ -85,6 +85,15 @@ def fp32_logprobs(hf_model, prompt_ids: list[int], output_ids: list[int]):
     return logits.log_softmax(-1)[len(prompt_ids) - 1:-1]
 
 
+def first_difference(ours: list[int], theirs: list[int]) -> int | None:
+    """The first index where two greedy runs part (a shorter run parts where it ends);
+    None when they are the same."""
+    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    if same is None and len(ours) != len(theirs):
+        return min(len(ours), len(theirs))
+    return same
+
+
 def summary(isa: str, tokens: int, seeds: int, prompts: int) -> dict:
     """This process's instruction set's figures (TOKENWIRE_CPU_QUANT_ISA already set)."""
     import kernels.cpu as cpu_kernels

