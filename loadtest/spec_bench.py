@@ -16,13 +16,14 @@ time, rows (tokens computed), ms per row and tokens sampled per step.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import statistics
 import subprocess
 import time
 from collections import defaultdict
 
-from engine import LLM, SamplingParams
+from engine import LLM, EngineConfig, SamplingParams
 from engine.llm import set_num_threads
 
 PARAGRAPH = ("tokenwire is a realtime LLM streaming gateway: an aiohttp server holds "
@@ -172,11 +173,14 @@ def main(argv=None) -> None:
                    help="comma-separated; 1: the c=1 comparison, c > 1: c copy-heavy "
                         "prompts at once")
     p.add_argument("--rounds", type=int, default=3, help="rounds per batch size c > 1")
+    p.add_argument("--speculative-max-rows", type=max_rows,
+                   default=config_default("speculative_max_rows"), help="the speculating engine's speculative_max_rows (none: no limit)")
     args = p.parse_args(argv)
     set_num_threads(args.num_threads)
     off = LLM(model=args.model, device="cpu")
     on = LLM(model=args.model, device="cpu", speculative="ngram",
-             num_speculative_tokens=args.num_speculative_tokens)
+             num_speculative_tokens=args.num_speculative_tokens,
+             speculative_max_rows=args.speculative_max_rows)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     compare(off, on, CHAT[:2], SamplingParams(max_tokens=16, temperature=0.0))  # warm up
     steps = {"off": StepTimes(off), "on": StepTimes(on)}
@@ -204,7 +208,8 @@ def print_single(off: LLM, on: LLM, params: SamplingParams, steps: dict, args) -
 def print_batched(off: LLM, on: LLM, params: SamplingParams, steps: dict, sizes: list[int],
                   args) -> None:
     print(f"CPU: {cpu_model()}; commit {commit()}; greedy, max_tokens {args.max_tokens}, "
-          f"k <= {args.num_speculative_tokens}, copy-heavy, {args.rounds} rounds per c")
+          f"k <= {args.num_speculative_tokens}, speculative_max_rows "
+          f"{args.speculative_max_rows}, copy-heavy, {args.rounds} rounds per c")
     for c in sizes:
         for times in steps.values():
             times.clear()
@@ -215,6 +220,14 @@ def print_batched(off: LLM, on: LLM, params: SamplingParams, steps: dict, sizes:
               f"acc.len {r['accepted_length']:.2f}; tokens (off, on) {r['tokens']}")
         for name, times in steps.items():
             print(f"  {name:<4}{times.row_summary()}")
+
+
+def config_default(name: str):
+    return next(f.default for f in dataclasses.fields(EngineConfig) if f.name == name)
+
+
+def max_rows(text: str) -> int | None:
+    return None if text == "none" else int(text)
 
 
 def batch_sizes(text: str) -> list[int]:
