@@ -216,7 +216,8 @@ def print_batched(off: LLM, on: LLM, params: SamplingParams, steps: dict, sizes:
         r = compare_batched(off, on, c, args.rounds, params)
         rounds = " ".join(f"{x:.2f}" for x in r["ratios"])
         print(f"c={c:<4}off {r['off']:.1f} tok/s, on {r['on']:.1f} tok/s, "
-              f"{r['on'] / r['off']:.2f}x (rounds {rounds}); accept {r['acceptance']:.2f}, "
+              f"{r['on'] / r['off']:.2f}x (rounds {rounds}; median "
+              f"{statistics.median(r['ratios']):.2f}x); accept {r['acceptance']:.2f}, "
               f"acc.len {r['accepted_length']:.2f}; tokens (off, on) {r['tokens']}")
         for name, times in steps.items():
             print(f"  {name:<4}{times.row_summary()}")
