@@ -83,7 +83,7 @@ class EngineConfig:
     # multiply-adds, more than a proposal that is often rejected earns back. Proposals
     # take only the rows the decoding requests leave, so speculation backs off as the
     # batch grows and stops at this many; None: no limit.
-    speculative_max_rows: int | None = 16
+    speculative_max_rows: int | None = 5
     seed: int = 0
     # "on": the tokenizer is built, and encodes and renders chat templates, in a child
     # process (engine.tokenizer_process): building a large vocabulary's tokenizer holds the

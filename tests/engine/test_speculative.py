@@ -99,9 +99,10 @@ def test_proposals_fill_only_the_rows_the_decoding_requests_leave():
 
 @pytest.fixture(scope="module")
 def spec_llm():
-    """The default model with n-gram speculation, otherwise as the shared `llm`."""
+    """The default model with n-gram speculation, otherwise as the shared `llm`; no row
+    limit, so every request of a batch verifies proposals (exactness, not the back-off)."""
     return LLM(model="default", device="cpu", max_num_batched_tokens=512,
-               speculative="ngram", num_speculative_tokens=4)
+               speculative="ngram", num_speculative_tokens=4, speculative_max_rows=None)
 
 
 def chat(llm, prompts):
