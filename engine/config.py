@@ -77,6 +77,13 @@ class EngineConfig:
     # verified exactly in the step; None: off.
     speculative: str | None = None
     num_speculative_tokens: int = 4
+    # Most decode rows (each decoding request's token and the tokens proposed after it) a
+    # step fills with proposals: a few rows cost little more than one (the weights are
+    # read once for all), but a batch past that is compute-bound and each row pays its own
+    # multiply-adds, more than a proposal that is often rejected earns back. Proposals
+    # take only the rows the decoding requests leave, so speculation backs off as the
+    # batch grows and stops at this many; None: no limit.
+    speculative_max_rows: int | None = 5
     seed: int = 0
     # "on": the tokenizer is built, and encodes and renders chat templates, in a child
     # process (engine.tokenizer_process): building a large vocabulary's tokenizer holds the
@@ -108,6 +115,8 @@ class EngineConfig:
         if self.speculative not in (None, "ngram"):
             raise ConfigError("speculative", "must be ngram, or None for off")
         _positive("num_speculative_tokens", self.num_speculative_tokens)
+        if self.speculative_max_rows is not None:
+            _positive("speculative_max_rows", self.speculative_max_rows)
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \
                 or self.max_logprobs < 0:
             raise ConfigError("max_logprobs", "must be a non-negative integer")

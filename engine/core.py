@@ -62,6 +62,7 @@ class EngineCore:
                                             eos_token_ids=self.eos_token_ids,
                                             max_model_len=self.max_model_len,
                                             proposer=_proposer(config),
+                                            spec_max_rows=config.speculative_max_rows,
                                             tier_load_cost=config.kv_tier_load_cost)
         self.grammars = GrammarCompiler(
             self.tokenizer, self.runner.sample_vocab, self.eos_token_ids,

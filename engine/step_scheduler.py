@@ -57,7 +57,8 @@ class StepScheduler:
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, token_budget: int, *,
                  eos_token_ids: frozenset[int] = frozenset(), max_model_len: int | None = None,
-                 proposer: NgramProposer | None = None, tier_load_cost: float = 0.0):
+                 proposer: NgramProposer | None = None, spec_max_rows: int | None = None,
+                 tier_load_cost: float = 0.0):
         self.blocks = block_manager
         self.tier_load_cost = tier_load_cost  # budget tokens per token loaded from a tier
         self.max_num_seqs = max_num_seqs
@@ -70,6 +71,7 @@ class StepScheduler:
         self.num_preemptions = 0
         self.num_prefill_tokens = 0  # prompt tokens computed by steps (forks share theirs)
         self.proposer = proposer  # None: no speculative decoding
+        self.spec_max_rows = spec_max_rows  # decode rows proposals may fill up to; None: any
         self.num_spec_proposed = 0  # tokens proposed and verified
         self.num_spec_accepted = 0  # of those, accepted
         self.num_spec_drafts = 0  # request-steps that verified a proposal
@@ -103,11 +105,14 @@ class StepScheduler:
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
         index = 0
+        spec_room = self._spec_room()
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if num_new == 1 and self.proposer is not None:
-                num_new += self._propose(request, budget - 1)
+            if num_new == 1 and spec_room > 0:
+                proposed = self._propose(request, min(budget - 1, spec_room))
+                spec_room -= proposed
+                num_new += proposed
             if self._make_room(request, num_new, batch):
                 batch.add(request, num_new)
                 budget -= num_new
@@ -115,6 +120,16 @@ class StepScheduler:
             else:
                 break  # the request itself was preempted
         return budget
+
+    def _spec_room(self) -> int:
+        """Proposed tokens this step may hold: the decode rows below `spec_max_rows` that
+        the decoding requests leave (each decodes one row anyway)."""
+        if self.proposer is None:
+            return 0
+        if self.spec_max_rows is None:
+            return self.token_budget
+        decoding = sum(r.num_tokens - r.num_computed_tokens == 1 for r in self.running)
+        return max(0, self.spec_max_rows - decoding)
 
     def _propose(self, request: Request, budget: int) -> int:
         """Set the request's proposed tokens for this step; how many. Never more than the

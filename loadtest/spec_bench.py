@@ -5,18 +5,25 @@ the ratio, the acceptance rate and the mean accepted length (proposed tokens acc
 verification), then each engine's median step time by the proposed tokens a step verified
 (0: a plain decode step; steps with prefill rows left out).
 
+With `--batch-sizes`, each batch size c > 1 runs the copy-heavy prompts c at a time instead
+(one `generate` call of c prompts, batched continuously), the two engines alternating round
+by round, and prints the same figures per c, then each engine's decode steps: their median
+time, rows (tokens computed), ms per row and tokens sampled per step.
+
     python -m loadtest.spec_bench [--max-tokens 128] [--num-speculative-tokens 4]
+                                  [--batch-sizes 1,8,32] [--rounds 3]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import statistics
 import subprocess
 import time
 from collections import defaultdict
 
-from engine import LLM, SamplingParams
+from engine import LLM, EngineConfig, SamplingParams
 from engine.llm import set_num_threads
 
 PARAGRAPH = ("tokenwire is a realtime LLM streaming gateway: an aiohttp server holds "
@@ -51,10 +58,11 @@ CHAT = [
 
 class StepTimes:
     """Wall time of each decode or verification step `llm` runs, in ms, by the proposed
-    tokens it verified."""
+    tokens it verified, and the rows (tokens computed) and tokens sampled of each."""
 
     def __init__(self, llm: LLM):
         self.ms: dict[int, list[float]] = defaultdict(list)
+        self.rows: list[tuple[int, int, float]] = []  # (rows, sampled, ms) of each such step
         runner = llm.core.runner
         execute = runner.execute
 
@@ -63,14 +71,32 @@ class StepTimes:
             out = execute(batch)
             drafts = [len(r.spec_token_ids) for r in batch.requests]
             if all(n == 1 + d for n, d in zip(batch.num_new_tokens, drafts)):
-                self.ms[sum(drafts)].append(1e3 * (time.perf_counter() - start))
+                ms = 1e3 * (time.perf_counter() - start)
+                self.ms[sum(drafts)].append(ms)
+                self.rows.append((batch.total_tokens, sum(map(len, out)), ms))
             return out
 
         runner.execute = timed
 
+    def clear(self) -> None:
+        self.ms.clear()
+        self.rows.clear()
+
     def medians(self) -> str:
         return "  ".join(f"{k}: {statistics.median(v):.1f} ({len(v)})"
                          for k, v in sorted(self.ms.items()))
+
+    def row_summary(self) -> str:
+        """Over the decode steps timed: median ms, rows and ms per row; tokens sampled per
+        step and per second of those steps."""
+        if not self.rows:
+            return "no decode steps"
+        rows, sampled, ms = zip(*self.rows)
+        per_row = [t / n for n, _, t in self.rows]
+        return (f"{len(ms)} steps, median {statistics.median(ms):.1f} ms, "
+                f"{statistics.median(rows):.0f} rows, {statistics.median(per_row):.2f} ms/row, "
+                f"{sum(sampled) / len(ms):.2f} tokens/step, "
+                f"{1e3 * sum(sampled) / sum(ms):.1f} tokens/s in steps")
 
 
 def run_one(llm: LLM, prompt: list[int], params: SamplingParams) -> tuple[int, float]:
@@ -89,7 +115,12 @@ def compare(off: LLM, on: LLM, prompts: list[str], params: SamplingParams) -> di
             tokens, seconds = run_one(llm, prompt, params)
             totals[name][0] += tokens
             totals[name][1] += seconds
-    after = on.core.stats()
+    return summarize(totals, before, on.core.stats())
+
+
+def summarize(totals: dict, before, after) -> dict:
+    """Each engine's tok/s from its (tokens, seconds), and the speculating engine's
+    acceptance between two of its stats."""
     proposed = after.spec_proposed_tokens - before.spec_proposed_tokens
     accepted = after.spec_accepted_tokens - before.spec_accepted_tokens
     drafts = after.spec_draft_steps - before.spec_draft_steps
@@ -99,20 +130,68 @@ def compare(off: LLM, on: LLM, prompts: list[str], params: SamplingParams) -> di
             "tokens": (totals["off"][0], totals["on"][0])}
 
 
+def batch_prompts(llm: LLM, c: int) -> list[list[int]]:
+    """c copy-heavy prompts, cycling the dataset; each copy opens with its own number so
+    no two share a prompt (and an output) whole."""
+    texts = [f"Request {i + 1}. {COPY_HEAVY[i % len(COPY_HEAVY)]}" for i in range(c)]
+    return [llm.core.encode_chat([{"role": "user", "content": t}]) for t in texts]
+
+
+def run_batch(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[int, float]:
+    """All prompts submitted at once: (output tokens, seconds until the last finished)."""
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    return sum(len(o.token_ids) for o in outs), time.perf_counter() - start
+
+
+def compare_batched(off: LLM, on: LLM, c: int, rounds: int, params: SamplingParams) -> dict:
+    """Both engines run the same c prompts at once, `rounds` times, alternating which goes
+    first; the figures of `compare` plus each round's ratio."""
+    prompts = batch_prompts(off, c)
+    before = on.core.stats()
+    totals = {"off": [0, 0.0], "on": [0, 0.0]}
+    ratios = []
+    for r in range(rounds):
+        order = (("off", off), ("on", on)) if r % 2 == 0 else (("on", on), ("off", off))
+        rate = {}
+        for name, llm in order:
+            tokens, seconds = run_batch(llm, prompts, params)
+            totals[name][0] += tokens
+            totals[name][1] += seconds
+            rate[name] = tokens / seconds
+        ratios.append(rate["on"] / rate["off"])
+    return {**summarize(totals, before, on.core.stats()), "ratios": ratios}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="default")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--num-speculative-tokens", type=int, default=4)
     p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--batch-sizes", type=batch_sizes, default=[1],
+                   help="comma-separated; 1: the c=1 comparison, c > 1: c copy-heavy "
+                        "prompts at once")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per batch size c > 1")
+    p.add_argument("--speculative-max-rows", type=max_rows,
+                   default=config_default("speculative_max_rows"), help="the speculating engine's speculative_max_rows (none: no limit)")
     args = p.parse_args(argv)
     set_num_threads(args.num_threads)
     off = LLM(model=args.model, device="cpu")
     on = LLM(model=args.model, device="cpu", speculative="ngram",
-             num_speculative_tokens=args.num_speculative_tokens)
+             num_speculative_tokens=args.num_speculative_tokens,
+             speculative_max_rows=args.speculative_max_rows)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     compare(off, on, CHAT[:2], SamplingParams(max_tokens=16, temperature=0.0))  # warm up
     steps = {"off": StepTimes(off), "on": StepTimes(on)}
+    if 1 in args.batch_sizes:
+        print_single(off, on, params, steps, args)
+    batched = [c for c in args.batch_sizes if c > 1]
+    if batched:
+        print_batched(off, on, params, steps, batched, args)
+
+
+def print_single(off: LLM, on: LLM, params: SamplingParams, steps: dict, args) -> None:
     print(f"CPU: {cpu_model()}; commit {commit()}; greedy, max_tokens {args.max_tokens}, "
           f"k <= {args.num_speculative_tokens}, c=1")
     print(f"{'dataset':<12}{'off tok/s':>10}{'on tok/s':>10}{'ratio':>8}"
@@ -124,6 +203,39 @@ def main(argv=None) -> None:
     print("median step ms by proposed tokens verified (steps):")
     for name, times in steps.items():
         print(f"  {name:<4}{times.medians()}")
+
+
+def print_batched(off: LLM, on: LLM, params: SamplingParams, steps: dict, sizes: list[int],
+                  args) -> None:
+    print(f"CPU: {cpu_model()}; commit {commit()}; greedy, max_tokens {args.max_tokens}, "
+          f"k <= {args.num_speculative_tokens}, speculative_max_rows "
+          f"{args.speculative_max_rows}, copy-heavy, {args.rounds} rounds per c")
+    for c in sizes:
+        for times in steps.values():
+            times.clear()
+        r = compare_batched(off, on, c, args.rounds, params)
+        rounds = " ".join(f"{x:.2f}" for x in r["ratios"])
+        print(f"c={c:<4}off {r['off']:.1f} tok/s, on {r['on']:.1f} tok/s, "
+              f"{r['on'] / r['off']:.2f}x (rounds {rounds}; median "
+              f"{statistics.median(r['ratios']):.2f}x); accept {r['acceptance']:.2f}, "
+              f"acc.len {r['accepted_length']:.2f}; tokens (off, on) {r['tokens']}")
+        for name, times in steps.items():
+            print(f"  {name:<4}{times.row_summary()}")
+
+
+def config_default(name: str):
+    return next(f.default for f in dataclasses.fields(EngineConfig) if f.name == name)
+
+
+def max_rows(text: str) -> int | None:
+    return None if text == "none" else int(text)
+
+
+def batch_sizes(text: str) -> list[int]:
+    sizes = [int(part) for part in text.split(",")]
+    if any(c < 1 for c in sizes):
+        raise argparse.ArgumentTypeError("batch sizes must be at least 1")
+    return sizes
 
 
 def cpu_model() -> str:

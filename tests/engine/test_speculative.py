@@ -77,11 +77,32 @@ def test_proposals_stop_at_max_tokens():
     assert sched.schedule().num_new_tokens == [2]  # one proposed: 3 tokens in all
 
 
+def test_proposals_fill_only_the_rows_the_decoding_requests_leave():
+    sched = StepScheduler(BlockManager(64, block_size=4), max_num_seqs=8, token_budget=64,
+                          proposer=NgramProposer(4), spec_max_rows=6)
+
+    def decode_step(num_requests: int) -> list[int]:
+        for i in range(num_requests):
+            sched.add(Request(f"r{num_requests}-{i}", [1, 2, 3, 4, 5, 6, 1, 2],
+                              SamplingParams(max_tokens=20)))
+        prefill = sched.schedule()
+        sched.update_from_output(prefill, [[SampledToken(3)]] * num_requests)
+        num_new = sched.schedule().num_new_tokens
+        for request in list(sched.running):
+            sched.finish(request, "stop")
+        return num_new
+
+    assert decode_step(1) == [5]  # 1 row + 4 proposed, under 6 rows
+    assert decode_step(3) == [4, 1, 1]  # 3 rows leave 3 for proposals, first come first
+    assert decode_step(6) == [1] * 6  # a full batch: no proposals
+
+
 @pytest.fixture(scope="module")
 def spec_llm():
-    """The default model with n-gram speculation, otherwise as the shared `llm`."""
+    """The default model with n-gram speculation, otherwise as the shared `llm`; no row
+    limit, so every request of a batch verifies proposals (exactness, not the back-off)."""
     return LLM(model="default", device="cpu", max_num_batched_tokens=512,
-               speculative="ngram", num_speculative_tokens=4)
+               speculative="ngram", num_speculative_tokens=4, speculative_max_rows=None)
 
 
 def chat(llm, prompts):
