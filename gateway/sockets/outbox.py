@@ -38,6 +38,7 @@ class Outbox:
         self._entries: collections.deque = collections.deque()
         self._ready = asyncio.Event()
         self._max_pending = max_pending
+        self._in_hand = False  # the writer holds an entry it has not finished writing
         self.closed = False
 
     def put(self, frame: dict) -> None:
@@ -62,17 +63,24 @@ class Outbox:
         self._ready.set()
 
     async def get(self) -> tuple | None:
-        """The next entry, or None once the outbox is closed."""
+        """The next entry, or None once the outbox is closed; the writer calls
+        `written()` once it is on the socket."""
         while not self._entries:
             if self.closed:
                 return None
             self._ready.clear()
             await self._ready.wait()
+        self._in_hand = True
         return self._entries.popleft()
+
+    def written(self) -> None:
+        self._in_hand = False
 
     @property
     def empty(self) -> bool:
-        return not self._entries
+        """Nothing left to write: no entry queued, none being written (a close that
+        waits for this must not cut off the `done` frame the writer is sending)."""
+        return not self._entries and not self._in_hand
 
     def close(self) -> None:
         self.closed = True
@@ -92,27 +100,39 @@ async def run_writer(ws: web.WebSocketResponse, encode: Callable[[dict], bytes |
         entry = await outbox.get()
         if entry is None:
             return
-        kind, item = entry
-        frame = item if kind == "frame" else (
-            item.take_delta() if kind == "delta" else item.done_frame(time.perf_counter()))
-        if not frame:
-            if kind == "done":  # the protocol had nothing left to say: the request ended
-                metrics.observe_done(item, time.perf_counter())
-            continue
         try:
-            # A protocol may answer one entry with several messages (a list of frames).
-            for one in frame if isinstance(frame, list) else [frame]:
-                data = encode(one)
-                send = ws.send_bytes if isinstance(data, bytes) else ws.send_str
-                await asyncio.wait_for(send(data), send_timeout)
-        except asyncio.TimeoutError:
-            log.warning("socket did not drain within %.1fs; closing it", send_timeout)
-            on_stuck()
-            return
-        except ConnectionError:
-            return  # the reader sees the close and cleans up
-        now = time.perf_counter()
-        if kind == "delta":
-            metrics.observe_delta(item, item.last_delta_tokens, now)
-        elif kind == "done":
-            metrics.observe_done(item, now)
+            if not await _write(ws, encode, entry, metrics, send_timeout, on_stuck):
+                return
+        finally:
+            outbox.written()
+
+
+async def _write(ws: web.WebSocketResponse, encode: Callable[[dict], bytes | str],
+                 entry: tuple, metrics: Metrics, send_timeout: float,
+                 on_stuck: Callable[[], None]) -> bool:
+    """Write one outbox entry; False once the socket is stuck or gone."""
+    kind, item = entry
+    frame = item if kind == "frame" else (
+        item.take_delta() if kind == "delta" else item.done_frame(time.perf_counter()))
+    if not frame:
+        if kind == "done":  # the protocol had nothing left to say: the request ended
+            metrics.observe_done(item, time.perf_counter())
+        return True
+    try:
+        # A protocol may answer one entry with several messages (a list of frames).
+        for one in frame if isinstance(frame, list) else [frame]:
+            data = encode(one)
+            send = ws.send_bytes if isinstance(data, bytes) else ws.send_str
+            await asyncio.wait_for(send(data), send_timeout)
+    except asyncio.TimeoutError:
+        log.warning("socket did not drain within %.1fs; closing it", send_timeout)
+        on_stuck()
+        return False
+    except ConnectionError:
+        return False  # the reader sees the close and cleans up
+    now = time.perf_counter()
+    if kind == "delta":
+        metrics.observe_delta(item, item.last_delta_tokens, now)
+    elif kind == "done":
+        metrics.observe_done(item, now)
+    return True

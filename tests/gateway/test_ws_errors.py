@@ -11,6 +11,9 @@ from scheduler.config import SchedulerConfig
 from ws_helpers import open_ws, recv_type, recv_until
 
 LONG = {"max_tokens": 400, "ignore_eos": True}
+# Still running after the round trips a test makes before cancelling it (CI once saw a
+# 400-token request finish first)
+LONGER = {"max_tokens": 4000, "ignore_eos": True}
 
 
 async def error_for(ws, frame) -> dict:
@@ -65,7 +68,7 @@ async def test_request_errors_name_the_problem_and_keep_the_socket(base_url):
 async def test_duplicate_id_and_busy(base_url):
     async with aiohttp.ClientSession() as s:
         ws, _ = await open_ws(s, base_url)
-        await ws.send_json({"type": "chat", "id": "t", "content": "Hello", "params": LONG})
+        await ws.send_json({"type": "chat", "id": "t", "content": "Hello", "params": LONGER})
         dup = await error_for(ws, {"type": "generate", "id": "t", "prompt": "x"})
         assert dup["code"] == "duplicate_id" and dup["id"] == "t"
         busy = await error_for(ws, {"type": "chat", "id": "t2", "content": "Again?"})
