@@ -12,7 +12,6 @@ from jinja2 import TemplateError
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.tokenizer_process import TokenizerProcess
 from engine.device_gate import DeviceGate, GateParty
 from engine.errors import EngineDeadError, InvalidRequestError, PromptTooLongError
 from engine.grammar import GrammarCompiler, new_matcher
@@ -26,6 +25,7 @@ from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.speculative import NgramProposer
 from engine.step_scheduler import ScheduledBatch, StepScheduler
+from engine.tokenizer_process import TokenizerProcess
 
 log = logging.getLogger(__name__)
 

@@ -137,16 +137,9 @@ def _strip(token: str, content: str, start: int, stop: int) -> str:
 
 def _byte_level_table() -> dict[str, int]:
     """GPT-2's printable stand-ins for the 256 bytes, char -> byte."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    chars, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            chars[chr(byte)] = byte
-        else:
-            chars[chr(256 + extra)] = byte
-            extra += 1
-    return chars
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 class TokenizerProcess:

@@ -99,15 +99,15 @@ def test_a_decoder_it_cannot_replay_is_built_here(tmp_path):
 def test_a_dead_child_fails_its_callers_and_close_ends_a_live_one():
     dead = TokenizerProcess(default_model_dir(), "TokenizersBackend").wait()
     ids = dead.encode("hello world")
-    dead._process.kill()  # noqa: SLF001 - what an OOM kill does
-    dead._process.wait()  # noqa: SLF001
+    dead._process.kill()  # what an OOM kill does
+    dead._process.wait()
     with pytest.raises(RuntimeError, match="tokenizer process"):
         dead.encode("hello")
     assert dead.decode(ids) == "hello world"  # decoding needs no child
     dead.close()
     live = TokenizerProcess(default_model_dir(), "TokenizersBackend").wait()
     live.close()
-    assert live._process.poll() == 0  # noqa: SLF001 - it ended on its own, not killed
+    assert live._process.poll() == 0  # it ended on its own, not killed
 
 
 def test_a_tokenizer_the_child_cannot_build_is_a_load_error(tmp_path):
