@@ -6,7 +6,7 @@
 // come from"). Packing makes each panel one contiguous stream in the order the loop
 // reads it.
 //
-// The inner tile (panel_tile.h, shared with prefill attention) is the classic
+// The inner tile (panel_tile.h) is the classic
 // register-blocked one: kRows rows of x against one panel, kRows x 16 sums in 2*kRows
 // vector registers, each k step one broadcast per row and two panel loads. The panel
 // (16 x K floats) stays in L1/L2 while every row tile reads it.

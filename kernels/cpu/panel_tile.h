@@ -1,7 +1,6 @@
-// The register-blocked tile both CPU matmul-shaped kernels run: R rows against one panel
-// of 16 columns (linear.cpp: a packed weight panel; prefill_attention.cpp: a key tile's
-// K transposed), R x 16 sums in 2*R vector registers, each k step one broadcast per row
-// and two panel loads.
+// The register-blocked tile of linear.cpp's matmul: R rows against one packed weight panel
+// of 16 columns, R x 16 sums in 2*R vector registers, each k step one broadcast per row and
+// two panel loads.
 #pragma once
 
 #include <cstdint>
