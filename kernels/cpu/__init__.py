@@ -30,13 +30,14 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 
 QUANT_SOURCES = [os.path.join(os.path.dirname(__file__), name)
                  for name in ("quant_linear.cpp", "quant_isa_portable.cpp",
-                              "quant_isa_avx2.cpp", "quant_isa_avx512.cpp", "worker_pool.cpp")]
+                              "quant_isa_avx2.cpp", "quant_isa_avx512.cpp", "quant_isa_amx.cpp",
+                              "worker_pool.cpp")]
 # No -march: each quant_isa_*.cpp names its own instruction set, the binding picks one at
 # run time, so one build serves every x86-64 CPU and the smaller sets can be tested here.
 # No fp contraction: the embedding lookup rounds as ggml's dequantization does.
 QUANT_FLAGS = ["-O3", "-fopenmp", "-Wno-psabi", "-ffp-contract=off"]
 # The quantized kernels' instruction sets (quant_kernels.h's Isa).
-QUANT_ISAS = {"portable": 0, "avx2": 1, "avx512": 2}
+QUANT_ISAS = {"portable": 0, "avx2": 1, "avx512": 2, "amx": 3}
 QUANT_ISA_ENV = "TOKENWIRE_CPU_QUANT_ISA"
 
 

@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace tokenwire::quant {
 
@@ -82,7 +83,8 @@ struct Gemm {
 
 // Instruction sets, best last; kernels for each are compiled for that set alone, so the
 // process picks one at run time and a forced one can be tested on a bigger CPU.
-enum Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+// kAmx: AVX-512's paths plus AMX tiles for batched rows (quant_isa_amx.cpp).
+enum Isa : int { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 
 namespace portable { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
 namespace avx2 { void gemm(const Gemm& g, int64_t n_begin, int64_t n_end); }
@@ -139,6 +141,24 @@ void pack_rows(const float* x, int64_t m, int64_t k, float* xt);
 void gemm_unpacked(const Weights& w, const float* xt, int64_t m, int64_t k, const float* bias,
                    float* out, int64_t n_begin, int64_t n_end);
 }
+
+// AMX tiles (quant_isa_amx.cpp), for sub-32 weights against batched rows: the rows'
+// first two levels repacked in natural weight order, 16-row tiles (rows past m zero), each
+// block's d (times 128: the two levels' sum is 128 p1 + p2) and exact sum.
+namespace amx {
+struct Inputs {
+  std::vector<int8_t> levels;  // [2][mp][k]
+  std::vector<float> d, sums;  // [mp][k / 32]
+  int64_t mp = 0, k = 0, blocks = 0;
+};
+// The CPU has AMX-TILE, AMX-INT8 and AVX-512, and Linux granted this process tile data.
+bool available();
+void repack_rows(const Activations& x, int64_t k, Inputs& out);
+// out[r * n + j] = x_r . w_j (+ bias[j]), r < m, for the 16-row weight panels
+// [panel_begin, panel_end).
+void gemm(const Weights& w, const Inputs& x, const float* bias, float* out, int64_t m,
+          int64_t panel_begin, int64_t panel_end);
+}  // namespace amx
 
 // IEEE half -> float without F16C (portable kernels, embedding lookup, scale reads).
 inline float half_to_float(uint16_t h) {

@@ -4,7 +4,9 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "common.h"
@@ -35,9 +37,22 @@ constexpr int64_t kDenseRows = 256, kDenseChunkFloats = int64_t(1) << 20;
 // crossover per shape is in docs/kernels.md, "Where the CPU thresholds come from").
 constexpr int64_t kAvx2UnpackedRows = 12;
 
+// From kAmxRows activation rows on, a CPU with AMX runs sub-32 weights' matmuls on its tiles
+// (quant_isa_amx.cpp) at the int8 dots' two levels, prefill chunks included.
+constexpr int64_t kAmxRows = 16, kAmxChunkBytes = 256 << 10;
+
 // The first row count at which an instruction set's path takes x as exact fp32 instead of
-// rounded to int8 levels (activation_levels: portable reads 3, AVX2 and AVX-512 2).
-int64_t exact_rows(int64_t isa) { return isa == kAvx2 ? kAvx2UnpackedRows : kDenseRows; }
+// rounded to int8 levels (activation_levels: portable reads 3, AVX2 and AVX-512 2), for a
+// weight of sub-blocks of `sub`: on AMX, sub-32 weights never leave the tiles.
+int64_t exact_rows(int64_t isa, int64_t sub = kBlock) {
+  if (isa == kAmx && sub == kBlock) return std::numeric_limits<int64_t>::max();
+  return isa == kAvx2 ? kAvx2UnpackedRows : kDenseRows;
+}
+
+// Whether AMX tiles take this matmul (kAmx: else AVX-512's paths do).
+bool takes_amx(int64_t isa, int64_t rows, const Weights& w) {
+  return isa == kAmx && rows >= kAmxRows && w.sub == kBlock;
+}
 
 bool isa_supported(int64_t isa) {
   __builtin_cpu_init();
@@ -45,6 +60,9 @@ bool isa_supported(int64_t isa) {
                     __builtin_cpu_supports("f16c");
 #ifdef TOKENWIRE_QUANT_EMULATE_AVX512
   if (isa == kAvx512) return true;  // avx512_emulated.h: portable C, runs anywhere
+#endif
+#ifndef TOKENWIRE_QUANT_EMULATE_AVX512
+  if (isa == kAmx) return isa_supported(kAvx512) && amx::available();
 #endif
   if (isa == kAvx512)
     return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -54,7 +72,7 @@ bool isa_supported(int64_t isa) {
 }
 
 int64_t best_isa() {
-  for (int64_t isa : {kAvx512, kAvx2})
+  for (int64_t isa : {kAmx, kAvx512, kAvx2})
     if (isa_supported(isa)) return isa;
   return kPortable;
 }
@@ -140,6 +158,26 @@ Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa,
   return Activations{{p, p + m * kp, p + 2 * m * kp}, d, sums, d4, sums4, m, kp, x12p};
 }
 
+// The AMX path: x rounded as for the int8 dots, repacked for the tiles, threads splitting the
+// weight's 16-row panels.
+at::Tensor amx_linear(const at::Tensor& x, const Weights& w, const float* bias) {
+  const Activations q = quantize_rows(x, w.kp, w.sub, kAvx512, false);
+  thread_local amx::Inputs mine;  // the workers below must read this thread's, not theirs
+  amx::Inputs& inputs = mine;
+  amx::repack_rows(q, x.size(1), inputs);
+  at::Tensor out = at::empty({x.size(0), w.n}, x.options());
+  float* op = out.data_ptr<float>();
+  // A chunk's panels are unpacked once and meet every row from cache: about
+  // kChunksPerThread chunks per thread, none holding more than kAmxChunkBytes of codes.
+  const int64_t panels = (w.n + 15) / 16, threads = at::get_num_threads();
+  const int64_t per_chunk = std::clamp<int64_t>(panels / (threads * kChunksPerThread), 1,
+                                                std::max<int64_t>(1, kAmxChunkBytes / (16 * w.kp)));
+  WorkerPool::instance().run((panels + per_chunk - 1) / per_chunk, int(threads), [&](int64_t c) {
+    amx::gemm(w, inputs, bias, op, x.size(0), c * per_chunk, std::min(panels, (c + 1) * per_chunk));
+  });
+  return out;
+}
+
 // The dense path: out = x W^T (+ bias), W unpacked kDenseChunkFloats at a time.
 at::Tensor dense_linear(const at::Tensor& x, const Weights& w, const std::optional<at::Tensor>& bias,
                         int64_t isa) {
@@ -194,6 +232,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
                 bias->numel() == w.n, "bias must be contiguous float32 [out_features]");
     bias_ptr = bias->data_ptr<float>();
   }
+  if (takes_amx(isa, x.size(0), w)) return amx_linear(x, w, bias_ptr);
+  if (isa == kAmx) isa = kAvx512;
   if (x.size(0) >= kDenseRows) return dense_linear(x, w, bias, isa);
   if (x.size(0) >= exact_rows(isa)) return unpacked_linear(x, w, bias_ptr);
   const Activations q = quantize_rows(x, w.kp, w.sub, isa, needs_x12(isa, w.bits));
@@ -258,7 +298,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa_supported", &isa_supported);
   m.def("best_isa", &best_isa);
   m.def("dense_rows", [] { return kDenseRows; });
-  m.def("exact_rows", &exact_rows);
+  m.def("exact_rows", &exact_rows, py::arg("isa"), py::arg("sub") = kBlock);
+  m.def("amx_rows", [] { return kAmxRows; });
   m.def("activation_levels",
         [](int64_t isa) { return isa == kPortable ? kLevels : kSimdLevels; });
   m.def("exports", [] {  // for the ops module: quant_exports.h

@@ -74,8 +74,8 @@ def reference(x: torch.Tensor, weight: QuantWeight, dense: torch.Tensor,
 def expected(quant, isa_id: int, x: torch.Tensor, weight: QuantWeight,
              dense: torch.Tensor) -> torch.Tensor:
     """What the kernels compute for these rows: on the rounded activations, or from
-    exact_rows(isa) on (AVX2's unpacked path, everyone's dense one) on the exact ones."""
-    if x.shape[0] >= quant.exact_rows(isa_id):
+    exact_rows(isa, sub) on (AVX2's unpacked path, the dense one) on the exact ones."""
+    if x.shape[0] >= quant.exact_rows(isa_id, weight.sub):
         return x.double() @ dense.T
     return reference(x, weight, dense, quant.activation_levels(isa_id))
 
@@ -91,9 +91,9 @@ SHAPES = {  # (out_features, in_features): k under/at/past a group of 128; odd r
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 # rows: decode's 1, odd and even counts around the 2- and 4-row tiles, 11 (AVX2's last on
 # the int8 dots), 12 (its unpacked path's first: a panel of 8 rows and half of one), 17 and
-# 33 past 16-row blocks (the last panel one row and seven of padding), 200 (several blocks
-# and chunks)
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 11, 12, 17, 33, 200])
+# 33 past 16-row blocks (the last panel one row and seven of padding; on AMX, a 16-row tile
+# and padding), 16 (AMX's first), 200 (several blocks and chunks)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 11, 12, 16, 17, 33, 200])
 @pytest.mark.parametrize("shape", range(4))
 def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
     quant, isa_id = kernels_for(quant, isa)
@@ -118,7 +118,8 @@ def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_prefill_sized_batches_take_exact_activations(quant, isa, fmt):
     """From dense_rows() rows on, the weight is unpacked to fp32 and multiplied by torch's
-    GEMM: the product of the exact activations, to fp32's rounding, bias included."""
+    GEMM: the product of the exact activations, to fp32's rounding, bias included. AMX keeps
+    sub-32 weights on its tiles at every size: their two levels, bias included."""
     quant, isa_id = kernels_for(quant, isa)
     rng = np.random.default_rng(9)
     in_features = 576 if fmt in LEGACY else 768
@@ -129,6 +130,10 @@ def test_prefill_sized_batches_take_exact_activations(quant, isa, fmt):
     out = quant.quant_linear(x, weight.codes, weight.scales, weight.offsets, weight.bits,
                              weight.sub, bias, isa_id)
     scale = (x.double().abs() @ dense.abs().T).max().item()
+    if rows < quant.exact_rows(isa_id, weight.sub):
+        torch.testing.assert_close(out.double(), expected(quant, isa_id, x, weight, dense)
+                                   + bias.double(), rtol=0, atol=2e-6 * scale)
+        return
     torch.testing.assert_close(out.double(), x.double() @ dense.T + bias.double(), rtol=0,
                                atol=1e-6 * scale)
 

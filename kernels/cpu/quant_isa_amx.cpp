@@ -1,0 +1,197 @@
+// Quantized matmul on AMX tiles (Intel's Advanced Matrix Extensions: eight 1 KiB tile
+// registers and an int8 dot unit, TDPBSUD: 16 x 16 int32 sums of 32 signed activation
+// bytes times 32 unsigned codes per instruction), for batched rows: prefill chunks and
+// batched decode steps. Compiled for AMX alone and called only where the CPU has it and
+// Linux granted the process its tile state (available()).
+//
+// The arithmetic is the AVX-512 path's (quant_kernels.h): activations at two int8 levels per
+// 32-block, exact integer sums per block, one fp32 scale per block, offsets against the
+// exact sums of x. Per block b of 32 weights, for 16 activation rows against a panel of 16
+// weight rows:
+//
+//   C1 = P1[rows, b] x codes[b, panel]      tmm3 <- tmm0 x tmm2   (TDPBSUD)
+//   C2 = P2[rows, b] x codes[b, panel]      tmm4 <- tmm1 x tmm2
+//   acc[r] += float(128 C1[r] + C2[r]) * (128 d[r, b]) * scale[b, panel]
+//           + sums[r, b] * offset[b, panel]                        (AVX-512, 16 lanes)
+//
+// |128 C1 + C2| <= 128 * 32 * 127 * 255 + ... < 2^31, so the two levels add exactly in int32.
+// Both operands are read in natural weight order: the activations are repacked from the
+// lo/hi order once per call (Inputs), each panel's codes are unpacked once into the tile's
+// layout (4 consecutive codes of one weight row per int32 column, 8 such rows per block)
+// and then meet every 16-row tile of activations from L1.
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "quant_kernels.h"
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+
+namespace tokenwire::quant::amx {
+namespace {
+
+constexpr int64_t kTile = 16;         // activation rows per tile, weight rows per panel
+constexpr int64_t kPanelBytes = 512;  // one block's codes for a panel: 8 x 16 int32 columns
+
+// Linux hands out the tile data state only on request (arch_prctl, once per process; the
+// grant covers every thread).
+constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// tmm0, tmm1: levels 1 and 2 of 16 activation rows, one block (32 bytes a row);
+// tmm2: one block of a panel's codes (8 rows of 16 int32 columns);
+// tmm3, tmm4: their 16 x 16 int32 sums.
+void configure_tiles() {
+  TileConfig c;
+  for (int t : {0, 1}) c.rows[t] = kTile, c.colsb[t] = 32;
+  c.rows[2] = 8, c.colsb[2] = 64;
+  for (int t : {3, 4}) c.rows[t] = kTile, c.colsb[t] = 64;
+  _tile_loadconfig(&c);
+}
+
+bool cpu_has_amx_int8() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool tile = edx & (1u << 24), int8 = edx & (1u << 25);
+  const bool avx512 = (ebx & (1u << 16)) && (ebx & (1u << 30)) && (ecx & (1u << 11));
+  return tile && int8 && avx512;
+}
+
+// Codes of weight row j, block b (32 weights), in natural order into out[32].
+void block_codes(const Weights& w, const uint8_t* row, int64_t b, uint8_t* out) {
+  const int64_t g = b / 4, q = b % 4;
+  if (w.bits == 8) {
+    const uint8_t* group = row + g * kGroup;
+    std::memcpy(out, group + 16 * q, 16);
+    std::memcpy(out + 16, group + 64 + 16 * q, 16);
+    return;
+  }
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 64 + 16 * q));
+  const __m128i nibble = _mm_set1_epi8(15);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_and_si128(bytes, nibble));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16),
+                   _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble));
+}
+
+// A panel of 16 weight rows from j0: each block's codes in the tile's layout (int32 column
+// c of tile row i holds codes 4i..4i+3 of weight row j0 + c), its scales and offsets per
+// block as 16 floats. Rows past n get zero codes, scales and offsets.
+void unpack_panel(const Weights& w, int64_t j0, int64_t blocks, uint8_t* codes, float* scales,
+                  float* offsets) {
+  std::memset(codes, 0, blocks * kPanelBytes);
+  std::fill(scales, scales + blocks * kTile, 0.f);
+  std::fill(offsets, offsets + blocks * kTile, 0.f);
+  alignas(64) uint8_t natural[32];
+  for (int64_t c = 0; c < kTile && j0 + c < w.n; ++c) {
+    const WeightRow row = weight_row(w, j0 + c);
+    for (int64_t b = 0; b < blocks; ++b) {
+      block_codes(w, row.codes, b, natural);
+      uint32_t* tile = reinterpret_cast<uint32_t*>(codes + b * kPanelBytes);
+      for (int i = 0; i < 8; ++i) std::memcpy(tile + i * kTile + c, natural + 4 * i, 4);
+      scales[b * kTile + c] = param_at(row.scales, w.half, b);
+      offsets[b * kTile + c] = param_at(row.offsets, w.half, b);
+    }
+  }
+}
+
+}  // namespace
+
+bool available() {
+  static const bool ok = cpu_has_amx_int8() &&
+                         syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return ok;
+}
+
+void repack_rows(const Activations& x, int64_t k, Inputs& out) {
+  const int64_t mp = (x.m + kTile - 1) / kTile * kTile, blocks = k / kBlock, subs = x.kp / kBlock;
+  out.mp = mp, out.k = k, out.blocks = blocks;
+  out.levels.assign(2 * mp * k, 0);
+  out.d.assign(mp * blocks, 0.f);
+  out.sums.assign(mp * blocks, 0.f);
+  for (int64_t r = 0; r < x.m; ++r) {
+    for (int l = 0; l < 2; ++l) {
+      const int8_t* src = x.p[l] + r * x.kp;
+      int8_t* dst = out.levels.data() + (l * mp + r) * k;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t at = b / 4 * kGroup + 16 * (b % 4);
+        std::memcpy(dst + 32 * b, src + at, 16);
+        std::memcpy(dst + 32 * b + 16, src + at + 64, 16);
+      }
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      out.d[r * blocks + b] = x.d[r * subs + b] * float(1 << kLevelShift);
+      out.sums[r * blocks + b] = x.sums[r * subs + b];
+    }
+  }
+}
+
+void gemm(const Weights& w, const Inputs& x, const float* bias, float* out, int64_t m,
+          int64_t panel_begin, int64_t panel_end) {
+  const int64_t k = x.k, blocks = x.blocks, n = w.n, panels = panel_end - panel_begin;
+  // The panels' codes, scales and offsets, unpacked once and then read from cache by every
+  // 16-row tile of activations in turn (the caller keeps a chunk's codes within L2).
+  thread_local std::vector<uint8_t> codes_buf;
+  thread_local std::vector<float> params;
+  codes_buf.resize(panels * blocks * kPanelBytes);
+  params.resize(2 * panels * blocks * kTile);
+  for (int64_t p = 0; p < panels; ++p)
+    unpack_panel(w, (panel_begin + p) * kTile, blocks, codes_buf.data() + p * blocks * kPanelBytes,
+                 params.data() + 2 * p * blocks * kTile, params.data() + (2 * p + 1) * blocks * kTile);
+  alignas(64) int32_t dots[2][kTile * kTile];
+  configure_tiles();
+  for (int64_t m0 = 0; m0 < x.mp; m0 += kTile) {
+    const int8_t* p1 = x.levels.data() + m0 * k;
+    const int8_t* p2 = p1 + x.mp * k;
+    const float* d = x.d.data() + m0 * blocks;
+    const float* s = x.sums.data() + m0 * blocks;
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t j0 = (panel_begin + p) * kTile, cols = std::min(kTile, n - j0);
+      const uint8_t* codes = codes_buf.data() + p * blocks * kPanelBytes;
+      const float* scales = params.data() + 2 * p * blocks * kTile;
+      const float* offsets = scales + blocks * kTile;
+      const __mmask16 mask = __mmask16((1u << cols) - 1);
+      __m512 acc[kTile];
+      for (auto& a : acc) a = bias ? _mm512_maskz_loadu_ps(mask, bias + j0) : _mm512_setzero_ps();
+      for (int64_t b = 0; b < blocks; ++b) {
+        _tile_loadd(0, p1 + 32 * b, k);
+        _tile_loadd(1, p2 + 32 * b, k);
+        _tile_loadd(2, codes + b * kPanelBytes, 64);
+        _tile_zero(3);
+        _tile_zero(4);
+        _tile_dpbsud(3, 0, 2);
+        _tile_dpbsud(4, 1, 2);
+        _tile_stored(3, dots[0], 64);
+        _tile_stored(4, dots[1], 64);
+        const __m512 scale = _mm512_loadu_ps(scales + b * kTile);
+        const __m512 offset = _mm512_loadu_ps(offsets + b * kTile);
+#pragma GCC unroll 16
+        for (int r = 0; r < kTile; ++r) {
+          const __m512i both = _mm512_add_epi32(
+              _mm512_slli_epi32(_mm512_load_si512(dots[0] + r * kTile), kLevelShift),
+              _mm512_load_si512(dots[1] + r * kTile));
+          const __m512 weight = _mm512_mul_ps(scale, _mm512_set1_ps(d[r * blocks + b]));
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), weight, acc[r]);
+          acc[r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(s[r * blocks + b]), acc[r]);
+        }
+      }
+      for (int64_t r = 0; r < std::min(kTile, m - m0); ++r)
+        _mm512_mask_storeu_ps(out + (m0 + r) * n + j0, mask, acc[r]);
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace tokenwire::quant::amx
+
+#pragma GCC pop_options
