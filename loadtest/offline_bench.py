@@ -11,7 +11,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.llm import set_num_threads
-from loadtest import hf_peers, peer_bench
+from loadtest import hf_peers, peer_bench, prefill_bench
 from loadtest.datasets import token_id_prompts
 from loadtest.report import print_report
 from loadtest.roofline import (SUSTAIN_S, Workload, around, bandwidth_ceiling,
@@ -41,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rounds, each running every system in turn; each reports its best")
     p.add_argument("--result-json", default=None, help="also write the figures here")
     peer_bench.add_arguments(p)
+    prefill_bench.add_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,7 +74,11 @@ def run(args: argparse.Namespace) -> int:
                 _time_peer(peer, args, device, dtype, prompts, warmup))
     rows = {name: _best(runs) for name, runs in timings.items()}
     report = _report(args, device, dtype, rows, timings["tokenwire"])
-    print_report(_format(report), report, args.result_json)
+    text = _format(report)
+    if args.prefill_len:
+        prefill_text, report["prefill"] = prefill_bench.run(args)
+        text += "\n\n" + prefill_text
+    print_report(text, report, args.result_json)
     return 0
 
 
