@@ -68,41 +68,95 @@ bool cpu_has_amx_int8() {
   return tile && int8 && avx512;
 }
 
-// Codes of weight row j, block b (32 weights), in natural order into out[32].
-void block_codes(const Weights& w, const uint8_t* row, int64_t b, uint8_t* out) {
-  const int64_t g = b / 4, q = b % 4;
-  if (w.bits == 8) {
-    const uint8_t* group = row + g * kGroup;
-    std::memcpy(out, group + 16 * q, 16);
-    std::memcpy(out + 16, group + 64 + 16 * q, 16);
-    return;
+// r[i][j] -> r[j][i] for a 16 x 16 matrix of 32-bit values in 16 registers.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
   }
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + g * 64 + 16 * q));
-  const __m128i nibble = _mm_set1_epi8(15);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_and_si128(bytes, nibble));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16),
-                   _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble));
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
+  }
 }
 
-// A panel of 16 weight rows from j0: each block's codes in the tile's layout (int32 column
-// c of tile row i holds codes 4i..4i+3 of weight row j0 + c), its scales and offsets per
-// block as 16 floats. Rows past n get zero codes, scales and offsets.
-void unpack_panel(const Weights& w, int64_t j0, int64_t blocks, uint8_t* codes, float* scales,
-                  float* offsets) {
-  std::memset(codes, 0, blocks * kPanelBytes);
-  std::fill(scales, scales + blocks * kTile, 0.f);
-  std::fill(offsets, offsets + blocks * kTile, 0.f);
-  alignas(64) uint8_t natural[32];
-  for (int64_t c = 0; c < kTile && j0 + c < w.n; ++c) {
-    const WeightRow row = weight_row(w, j0 + c);
-    for (int64_t b = 0; b < blocks; ++b) {
-      block_codes(w, row.codes, b, natural);
-      uint32_t* tile = reinterpret_cast<uint32_t*>(codes + b * kPanelBytes);
-      for (int i = 0; i < 8; ++i) std::memcpy(tile + i * kTile + c, natural + 4 * i, 4);
-      scales[b * kTile + c] = param_at(row.scales, w.half, b);
-      offsets[b * kTile + c] = param_at(row.offsets, w.half, b);
+// Group g (4 blocks) of the panel's rows into the tiles' layout. A group's codes are a lo
+// run (codes 0-15 of each of its blocks) and a hi run (16-31), so with one register per
+// weight row, dword 4q + i of the lo run is code dword i (codes 4i..4i+3) of block q, of the
+// hi run dword 4 + i; transposed, register 4q + i holds that dword of all 16 rows: tile row
+// i (lo) or 4 + i (hi) of block 4g + q.
+void unpack_group(const Weights& w, const WeightRow* rows, int64_t cols, int64_t g,
+                  int64_t blocks, uint8_t* codes) {
+  const __m512i nibble = _mm512_set1_epi8(15);
+  __m512i lo[kTile], hi[kTile];
+  for (int64_t c = 0; c < kTile; ++c) {
+    if (c >= cols) {
+      lo[c] = hi[c] = _mm512_setzero_si512();
+    } else if (w.bits == 4) {
+      const __m512i packed = _mm512_loadu_si512(rows[c].codes + g * 64);
+      lo[c] = _mm512_and_si512(packed, nibble);
+      hi[c] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+    } else {
+      lo[c] = _mm512_loadu_si512(rows[c].codes + g * kGroup);
+      hi[c] = _mm512_loadu_si512(rows[c].codes + g * kGroup + 64);
     }
   }
+  transpose16(lo);
+  transpose16(hi);
+  for (int64_t q = 0; q < 4 && 4 * g + q < blocks; ++q) {  // the last group may be padding
+    uint8_t* tile = codes + (4 * g + q) * kPanelBytes;
+    for (int i = 0; i < 4; ++i) {
+      _mm512_storeu_si512(tile + 64 * i, lo[4 * q + i]);
+      _mm512_storeu_si512(tile + 64 * (4 + i), hi[4 * q + i]);
+    }
+  }
+}
+
+// Every row's scale or offset (`offsets` picks which) per block, fp16 or fp32, to
+// out[b * 16 + c], 16 blocks at a time.
+void unpack_params(const Weights& w, const WeightRow* rows, int64_t cols, bool offsets,
+                   int64_t blocks, float* out) {
+  for (int64_t b0 = 0; b0 < blocks; b0 += 16) {
+    const int64_t left = blocks - b0;
+    const __mmask16 mask = left >= 16 ? 0xffff : __mmask16((1u << left) - 1);
+    __m512i v[kTile];
+    for (int64_t c = 0; c < kTile; ++c) {
+      const void* src = offsets ? rows[c].offsets : rows[c].scales;
+      __m512 f = _mm512_setzero_ps();
+      if (c < cols && w.half)
+        f = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(src) + b0));
+      else if (c < cols)
+        f = _mm512_maskz_loadu_ps(mask, static_cast<const float*>(src) + b0);
+      v[c] = _mm512_castps_si512(f);
+    }
+    transpose16(v);
+    for (int64_t b = 0; b < std::min<int64_t>(16, left); ++b)
+      _mm512_storeu_si512(out + (b0 + b) * kTile, v[b]);
+  }
+}
+
+// A panel of 16 weight rows from j0 in the tiles' layout, with its scales and offsets per
+// block as 16 floats; rows past n get zero codes, scales and offsets.
+void unpack_panel(const Weights& w, int64_t j0, int64_t blocks, uint8_t* codes, float* scales,
+                  float* offsets) {
+  const int64_t cols = std::min(kTile, w.n - j0);
+  WeightRow rows[kTile];
+  for (int64_t c = 0; c < cols; ++c) rows[c] = weight_row(w, j0 + c);
+  for (int64_t g = 0; 4 * g < blocks; ++g) unpack_group(w, rows, cols, g, blocks, codes);
+  unpack_params(w, rows, cols, false, blocks, scales);
+  unpack_params(w, rows, cols, true, blocks, offsets);
 }
 
 }  // namespace
