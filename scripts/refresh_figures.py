@@ -130,7 +130,8 @@ FIGURES = (
     Figure("prefix-cache", "python -m loadtest.compare prefix-cache --device cpu "
            "--history-len 2048 --turns 3 --num-sessions 2"),
     Figure("offline-bench", "tokenwire bench --device cpu --num-prompts 32 --input-len 128 "
-           "--output-len 64", keep=FromLine(r"^model .* on cpu")),
+           "--output-len 64 --repeat 2 --prefill-len 3000 --baseline-rev 5726642",
+           keep=FromLine(r"^model .* on cpu")),
     Figure("lb-overhead", "python -m loadtest.lb_overhead --num-prompts 16 --max-concurrency 8 "
            "--input-len 32 --output-len 32 --rounds 2 --serve-arg=--device=cpu",
            needs="haproxy"),
