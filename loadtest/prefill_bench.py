@@ -78,8 +78,8 @@ def _rev(tree: Path) -> str:
 
 
 def _format(r: dict) -> str:
-    lines = [f"prefill of one {r['prompt_tokens']}-token prompt (max_tokens 1), default model, "
-             f"{r['cpu']}, commit {r['commit']}, rounds alternating",
+    lines = [(f"prefill of one {r['prompt_tokens']}-token prompt (max_tokens 1), default model, "
+              f"{r['cpu']}, commit {r['commit']}, rounds alternating"),
              f"{'tree':<26}{'seconds':>9}{'tok/s':>9}{'vs baseline':>13}  rounds (s)"]
     rows = r["rows"]
     base = next((row for name, row in rows.items() if name.startswith("baseline")), None)
