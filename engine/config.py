@@ -84,6 +84,10 @@ class EngineConfig:
     # take only the rows the decoding requests leave, so speculation backs off as the
     # batch grows and stops at this many; None: no limit.
     speculative_max_rows: int | None = 5
+    # With speculative: the output tokens of this model's recently finished requests the
+    # proposer also searches when a request's own tokens give no proposal (an agent quoting
+    # another session's tool result); 4 bytes a token, a lookup reads them all; 0: off.
+    speculative_history_tokens: int = 32768
     seed: int = 0
     # "on": the tokenizer is built, and encodes and renders chat templates, in a child
     # process (engine.tokenizer_process): building a large vocabulary's tokenizer holds the
@@ -115,6 +119,8 @@ class EngineConfig:
         if self.speculative not in (None, "ngram"):
             raise ConfigError("speculative", "must be ngram, or None for off")
         _positive("num_speculative_tokens", self.num_speculative_tokens)
+        if self.speculative_history_tokens < 0:
+            raise ConfigError("speculative_history_tokens", "must be >= 0")
         if self.speculative_max_rows is not None:
             _positive("speculative_max_rows", self.speculative_max_rows)
         if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) \

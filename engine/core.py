@@ -268,4 +268,5 @@ def _proposer(config: EngineConfig) -> NgramProposer | None:
     """The speculative decoding proposer the config asks for, or None (off)."""
     if config.speculative is None:
         return None
-    return NgramProposer(config.num_speculative_tokens)
+    return NgramProposer(config.num_speculative_tokens,
+                         history_tokens=config.speculative_history_tokens)

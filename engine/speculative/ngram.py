@@ -13,7 +13,12 @@ steps accepted less than `min_accepted` tokens on average (a moving average) sto
 proposing for a rest of steps that doubles each time it comes back (up to `max_rest`), and
 a stream that does not repeat itself soon pays next to nothing. The scan reads only the last
 `max_lookback` tokens, so its cost per step is bounded whatever the context's length.
-Pure Python: the step scheduler calls it and never loads torch.
+
+Where a request's own tokens hold no earlier occurrence of its suffix, the proposer looks in
+the outputs of the model's recently finished requests (RecentTokens, the last
+`history_tokens` of them): an agent quoting what another session's tool call returned, a
+chat repeating an answer given elsewhere. Pure Python: the step scheduler calls it and never
+loads torch.
 """
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ class NgramProposer:
 
     def __init__(self, num_speculative_tokens: int, min_n: int = 1, max_n: int = 3,
                  max_lookback: int = 4096, min_accepted: float = 1.0, first_rest: int = 8,
-                 max_rest: int = 128, decay: float = 0.7):
+                 max_rest: int = 128, decay: float = 0.7, history_tokens: int = 0):
         self.max_k = num_speculative_tokens
         self.min_n, self.max_n = min_n, max_n
         self.max_lookback = max_lookback
@@ -46,6 +51,7 @@ class NgramProposer:
         self.first_rest, self.max_rest = first_rest, max_rest
         self.decay = decay
         self._state: dict[str, _Acceptance] = {}  # running requests only (see forget)
+        self.history = RecentTokens(history_tokens) if history_tokens > 0 else None
 
     def propose(self, request: Request, limit: int) -> list[int]:
         """Up to min(k, limit) tokens likely to follow the request's tokens; [] for none."""
@@ -58,8 +64,11 @@ class NgramProposer:
         k = min(state.k, limit)
         if k <= 0:
             return []
-        return find_continuation(request.all_token_ids[-self.max_lookback:], k,
-                                 self.min_n, self.max_n)
+        context = request.all_token_ids[-self.max_lookback:]
+        drafts = find_continuation(context, k, self.min_n, self.max_n)
+        if not drafts and self.history is not None:
+            drafts = self.history.continuation(context[-self.max_n:], k, self.min_n, self.max_n)
+        return drafts
 
     def record(self, request: Request, num_proposed: int, num_accepted: int) -> None:
         """Adapt the request's k to how many of its proposed tokens the model accepted."""
@@ -77,7 +86,10 @@ class NgramProposer:
             state.rest = self.first_rest
 
     def forget(self, request: Request) -> None:
+        """A request has finished: its state goes, its output joins the history."""
         self._state.pop(request.request_id, None)
+        if self.history is not None:
+            self.history.add(request.output_token_ids)
 
     def _fresh(self, rest: int) -> _Acceptance:
         """A fresh start: two verifications in a row that accept nothing end it."""
@@ -86,17 +98,66 @@ class NgramProposer:
 
 def find_continuation(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """The up to k tokens after the most recent earlier occurrence of tokens' last n
-    (the longest n in [min_n, max_n] that occurs), else []. The search runs in C
-    (bytes.rfind over the ids as 4-byte words; a hit off a word boundary is skipped)."""
+    (the longest n in [min_n, max_n] that occurs), else []."""
     data = array("i", tokens).tobytes()
     for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
-        suffix = data[-4 * n:]
-        end = len(data) - 4  # a match must end before the last token
-        pos = data.rfind(suffix, 0, end)
-        while pos > 0 and pos % 4:
-            end = pos + len(suffix) - 1
-            pos = data.rfind(suffix, 0, end)
-        if pos >= 0 and pos % 4 == 0:
+        pos = _last_word_match(data, data[-4 * n:], len(data) - 4)  # ending before the last
+        if pos >= 0:
             start = pos // 4 + n
             return tokens[start:start + k]
     return []
+
+
+def _last_word_match(data: bytes | bytearray, needle: bytes, end: int) -> int:
+    """Where the last occurrence of `needle` within data[:end] that starts on a 4-byte word
+    starts, or -1. The search runs in C (rfind over the ids as 4-byte words; a hit off a word
+    boundary is skipped)."""
+    pos = data.rfind(needle, 0, end)
+    while pos > 0 and pos % 4:
+        pos = data.rfind(needle, 0, pos + len(needle) - 1)
+    return pos if pos >= 0 and pos % 4 == 0 else -1
+
+
+class RecentTokens:
+    """The last `capacity` output tokens of a model's finished requests, as one buffer of
+    4-byte ids, each request's output after a separator (-1) so that a continuation never
+    runs from one request's output into the next; the oldest are dropped first. Memory is
+    4 bytes a token and a lookup reads the buffer once per n: both bounded by `capacity`."""
+
+    _SEPARATOR = array("i", [-1]).tobytes()
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._data = bytearray()
+
+    def __len__(self) -> int:
+        """Words held, separators included."""
+        return len(self._data) // 4
+
+    def add(self, tokens: list[int]) -> None:
+        if not tokens:
+            return
+        self._data += self._SEPARATOR + array("i", tokens[-self.capacity:]).tobytes()
+        excess = len(self._data) - 4 * self.capacity
+        if excess > 0:
+            del self._data[:excess]
+
+    def continuation(self, suffix: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+        """The up to k tokens that followed the most recent occurrence of suffix's last n
+        tokens (the longest n in [min_n, max_n] that occurs and was followed by any), up to
+        the end of the output they were in; else []."""
+        for n in range(min(max_n, len(suffix)), min_n - 1, -1):
+            pos = _last_word_match(self._data, array("i", suffix[-n:]).tobytes(),
+                                   len(self._data))
+            if pos < 0:
+                continue
+            start = pos + 4 * n
+            follow = array("i", bytes(self._data[start:start + 4 * k]))
+            drafts = []
+            for token in follow:
+                if token < 0:
+                    break
+                drafts.append(token)
+            if drafts:
+                return drafts
+        return []

@@ -9,7 +9,7 @@ from engine.outputs import SampledToken
 from engine.request import Request
 from engine.sampler import Sampler
 from engine.speculative import NgramProposer
-from engine.speculative.ngram import find_continuation
+from engine.speculative.ngram import RecentTokens, find_continuation
 from engine.speculative.verify import sample_verified
 from engine.step_scheduler import StepScheduler
 from test_hf_parity import PROMPTS as PARITY_PROMPTS
@@ -29,6 +29,37 @@ def test_the_longest_recent_match_gives_the_continuation():
     assert find_continuation([5, 2, 8, 2, 9, 2], 2, 1, 3) == [9, 2]  # the latest occurrence
     assert find_continuation([1, 2, 3, 4], 2, 1, 3) == []
     assert find_continuation([256, 1, 2, 1], 2, 1, 3) == [2, 1]  # word-aligned matches only
+
+
+def finished(request_id: str, prompt: list[int], output: list[int]) -> Request:
+    request = Request(request_id, prompt, SamplingParams())
+    request.all_token_ids += output
+    return request
+
+
+def test_a_finished_requests_output_is_proposed_to_a_request_that_quotes_it():
+    """An agent quoting another session's tool result: its own tokens hold no earlier
+    occurrence of its suffix, the first request's output does."""
+    proposer = NgramProposer(4, history_tokens=1000)
+    quoting = Request("b", [50, 51, 20, 21], SamplingParams())
+    assert proposer.propose(quoting, 10) == []
+    proposer.forget(finished("a", [1, 2], [20, 21, 22, 23, 24, 25, 26]))
+    assert proposer.propose(quoting, 10) == [22, 23, 24, 25]
+    assert NgramProposer(4, history_tokens=0).history is None  # off
+
+
+def test_history_is_bounded_drops_the_oldest_and_never_runs_past_an_outputs_end():
+    history = RecentTokens(8)
+    history.add([1, 2, 3, 4])
+    history.add([5, 6])
+    assert history.continuation([2], 4, 1, 3) == [3, 4]  # stops at the separator before 5
+    history.add([7, 8, 9])
+    assert len(history) == 8  # separators count: -1 5 6 -1 7 8 9 and one of the first
+    assert history.continuation([2], 4, 1, 3) == []  # 1, 2, 3 are gone
+    assert history.continuation([6, 7], 2, 1, 3) == [8, 9]  # n=1 ([7]): 6, 7 never met
+    history.add(list(range(100, 120)))  # one output longer than the whole history
+    assert len(history) == 8 and history.continuation([113], 9, 1, 3) == [114, 115, 116, 117,
+                                                                           118, 119]
 
 
 def test_k_adapts_and_a_failing_request_rests_longer_each_time():
