@@ -26,6 +26,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600.0  # a cold child imports transformers and builds the tokenizer
+# One encode or render; the longest prompt the gateway admits encodes in well under a
+# second. A child past it is stuck (or stopped): it is ended, and restarts on the next call.
+CALL_TIMEOUT_S = 60.0
 _SPANS_CHECKED = 2000  # random spans the child decodes both ways before handing over
 
 
@@ -146,9 +149,19 @@ class TokenizerProcess:
     """The tokenizer of the model directory `path` in a child process, with the parts of
     transformers' tokenizer interface the engine and the gateway use. Encodes and chat
     template renders go to the child (one at a time: callers on several threads queue on
-    a lock); decode, len() and the vocabulary are answered here."""
+    a lock); decode, len() and the vocabulary are answered here. A child that died, or was
+    ended for taking longer than `call_timeout_s` on one call, is started again by the next
+    call (its callers meanwhile get errors, never a hang)."""
 
-    def __init__(self, path: Path, tokenizer_class: str):
+    def __init__(self, path: Path, tokenizer_class: str, call_timeout_s: float = CALL_TIMEOUT_S):
+        self._path, self._class = path, tokenizer_class
+        self._call_timeout_s = call_timeout_s
+        self._lock = threading.Lock()
+        self._decoder: Decoder | None = None
+        self._facts: dict = {}
+        self._start()
+
+    def _start(self) -> None:
         # A fresh interpreter (`python -m`), not multiprocessing's spawn: that re-imports
         # the caller's main script, which an offline user's script may not guard.
         ours, theirs = socket.socketpair()
@@ -158,13 +171,25 @@ class TokenizerProcess:
         with theirs:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "engine.tokenizer_process", str(theirs.fileno()),
-                 str(path), tokenizer_class], pass_fds=[theirs.fileno()], env=env,
+                 str(self._path), self._class], pass_fds=[theirs.fileno()], env=env,
                 stdin=subprocess.DEVNULL)
         self._conn = Connection(ours.detach())
-        self._path = path
-        self._lock = threading.Lock()
-        self._decoder: Decoder | None = None
-        self._facts: dict = {}
+
+    def _restart(self) -> None:
+        """A new child for one that is gone (called under the lock, after wait()): its
+        first message, the tokenizer's facts, is what the first child sent."""
+        log.warning("tokenizer process of %s exited (code %s); starting another", self._path,
+                    self._process.poll())
+        self._conn.close()
+        self._start()
+        if not self._conn.poll(START_TIMEOUT_S):
+            self._end()
+            raise TimeoutError(f"tokenizer of {self._path} not rebuilt in {START_TIMEOUT_S:g} s")
+        self._answer()
+
+    def _end(self) -> None:
+        self._process.kill()
+        self._process.wait()
 
     def wait(self) -> TokenizerProcess:
         """Block until the child has built the tokenizer (the loader reads the weights
@@ -218,17 +243,23 @@ class TokenizerProcess:
                     self._conn.send(("close",))
                 self._process.wait(5)
             except (OSError, subprocess.TimeoutExpired):
-                self._process.kill()
-                self._process.wait()
+                self._end()
         self._conn.close()
 
     def _call(self, op: str, *args):
         self.wait()
         with self._lock:
+            if self._process.poll() is not None:
+                self._restart()
             try:
                 self._conn.send((op, *args))
             except OSError as exc:
                 raise RuntimeError(f"the tokenizer process is gone: {exc}") from None
+            if not self._conn.poll(self._call_timeout_s):
+                self._end()  # its answer would come out of turn: no child is better
+                raise RuntimeError(f"the tokenizer process did not answer in "
+                                   f"{self._call_timeout_s:g} s; ended, it restarts on the "
+                                   "next call")
             return self._answer()
 
     def _answer(self):

@@ -1,10 +1,12 @@
 """A tokenizer in a child process (engine.tokenizer_process): it encodes and renders as the
-tokenizer built here does, its decoder replay decodes as the real one, and a decoder it
-cannot replay, a dead child or a closed one each end cleanly."""
+tokenizer built here does, its decoder replay decodes as the real one, a decoder it cannot
+replay and a closed child end cleanly, and a dead or stuck child is replaced."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 
 import pytest
 from jinja2.exceptions import TemplateError
@@ -96,18 +98,23 @@ def test_a_decoder_it_cannot_replay_is_built_here(tmp_path):
     assert built.decode(built.encode("hellos world")) == "hellos world"
 
 
-def test_a_dead_child_fails_its_callers_and_close_ends_a_live_one():
-    dead = TokenizerProcess(default_model_dir(), "TokenizersBackend").wait()
-    ids = dead.encode("hello world")
-    dead._process.kill()  # what an OOM kill does
-    dead._process.wait()
-    with pytest.raises(RuntimeError, match="tokenizer process"):
-        dead.encode("hello")
-    assert dead.decode(ids) == "hello world"  # decoding needs no child
-    dead.close()
-    live = TokenizerProcess(default_model_dir(), "TokenizersBackend").wait()
-    live.close()
-    assert live._process.poll() == 0  # it ended on its own, not killed
+def test_a_dead_or_stuck_child_is_replaced_and_close_ends_a_live_one():
+    child = TokenizerProcess(default_model_dir(), "TokenizersBackend", call_timeout_s=2).wait()
+    ids = child.encode("hello world")
+    first = child._process
+    first.kill()  # what an OOM kill does
+    first.wait()
+    assert child.encode("hello world") == ids  # a new child, started by this call
+    assert child._process is not first
+    stuck = child._process
+    os.kill(stuck.pid, signal.SIGSTOP)
+    with pytest.raises(RuntimeError, match="did not answer in 2 s"):
+        child.encode("hello")
+    assert stuck.poll() is not None  # ended, not left behind stopped
+    assert child.decode(ids) == "hello world"  # decoding needs no child
+    assert child.encode("hello world") == ids  # and the next call has one again
+    child.close()
+    assert child._process.poll() == 0  # it ended on its own, not killed
 
 
 def test_a_tokenizer_the_child_cannot_build_is_a_load_error(tmp_path):
