@@ -38,8 +38,10 @@ constexpr int64_t kDenseRows = 256, kDenseChunkFloats = int64_t(1) << 20;
 constexpr int64_t kAvx2UnpackedRows = 12;
 
 // From kAmxRows activation rows on, a CPU with AMX runs sub-32 weights' matmuls on its tiles
-// (quant_isa_amx.cpp) at the int8 dots' two levels, prefill chunks included.
-constexpr int64_t kAmxRows = 16, kAmxChunkBytes = 256 << 10;
+// (quant_isa_amx.cpp) at the int8 dots' two levels, prefill chunks included: a tile holds
+// 16 rows whatever the count, so below ~8 the VNNI dots are faster, at 12 the tiles lead on
+// every shape of the default model (docs/kernels.md, "Where the CPU thresholds come from").
+constexpr int64_t kAmxRows = 12, kAmxChunkBytes = 256 << 10;
 
 // The first row count at which an instruction set's path takes x as exact fp32 instead of
 // rounded to int8 levels (activation_levels: portable reads 3, AVX2 and AVX-512 2), for a

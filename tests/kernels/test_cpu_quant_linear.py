@@ -91,8 +91,8 @@ SHAPES = {  # (out_features, in_features): k under/at/past a group of 128; odd r
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 # rows: decode's 1, odd and even counts around the 2- and 4-row tiles, 11 (AVX2's last on
 # the int8 dots), 12 (its unpacked path's first: a panel of 8 rows and half of one), 17 and
-# 33 past 16-row blocks (the last panel one row and seven of padding; on AMX, a 16-row tile
-# and padding), 16 (AMX's first), 200 (several blocks and chunks)
+# 33 past 16-row blocks (the last panel one row and seven of padding; on AMX, 12 its first
+# and a 16-row tile with padding, 16 a whole one), 200 (several blocks and chunks)
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 11, 12, 16, 17, 33, 200])
 @pytest.mark.parametrize("shape", range(4))
 def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
