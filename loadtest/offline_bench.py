@@ -16,6 +16,7 @@ from loadtest.datasets import token_id_prompts
 from loadtest.report import print_report
 from loadtest.roofline import (SUSTAIN_S, Workload, around, bandwidth_ceiling,
                                compute_ceiling, measure_hardware)
+from loadtest.spec_bench import cpu_model
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -192,7 +193,7 @@ def _report(args, device, dtype, rows, engine_rounds: list[dict]) -> dict:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({torch.get_num_threads()} threads)"
+    return f"cpu ({torch.get_num_threads()} threads, {cpu_model()})"
 
 
 def _format(r: dict) -> str:

@@ -35,18 +35,20 @@ def run(args: argparse.Namespace) -> tuple[str, dict]:
     seconds: dict[str, list[float]] = {name: [] for name in trees}
     for round_ in range(args.prefill_rounds):
         for name, tree in trees.items():
-            seconds[name].append(_time_once(tree, args.prefill_len, seed=round_))
+            seconds[name].append(_time_once(tree, args.model, args.prefill_len, seed=round_))
     rows = {name: {"seconds": statistics.median(s), "rounds_s": [round(x, 2) for x in s],
                    "tok_per_s": round(args.prefill_len / statistics.median(s), 1)}
             for name, s in seconds.items()}
-    report = {"cpu": cpu_model(), "commit": _rev(ROOT), "prompt_tokens": args.prefill_len,
+    report = {"cpu": cpu_model(), "commit": _rev(ROOT), "model": args.model,
+              "prompt_tokens": args.prefill_len,
               "threads": args.num_threads or "torch default", "rows": rows}
     return _format(report), report
 
 
-def _time_once(tree: Path, prompt_len: int, seed: int) -> float:
+def _time_once(tree: Path, model: str, prompt_len: int, seed: int) -> float:
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(_extensions_dir(tree)))
-    out = subprocess.run([sys.executable, str(CHILD), str(tree), str(prompt_len), str(seed)],
+    out = subprocess.run([sys.executable, str(CHILD), str(tree), str(prompt_len), str(seed),
+                          model],
                          cwd=tree, env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"prefill in {tree} failed:\n{out.stderr[-2000:]}")
@@ -78,7 +80,7 @@ def _rev(tree: Path) -> str:
 
 
 def _format(r: dict) -> str:
-    lines = [(f"prefill of one {r['prompt_tokens']}-token prompt (max_tokens 1), default model, "
+    lines = [(f"prefill of one {r['prompt_tokens']}-token prompt (max_tokens 1), model {r['model']}, "
               f"{r['cpu']}, commit {r['commit']}, rounds alternating"),
              f"{'tree':<26}{'seconds':>9}{'tok/s':>9}{'vs baseline':>13}  rounds (s)"]
     rows = r["rows"]

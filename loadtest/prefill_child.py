@@ -1,5 +1,5 @@
 """One long prefill, timed, in the tree given as the first argument: `python
-loadtest/prefill_child.py TREE PROMPT_LEN SEED` prints {"seconds": ..., "tokens": ...}.
+loadtest/prefill_child.py TREE PROMPT_LEN SEED MODEL` prints {"seconds": ..., "tokens": ...}.
 
 Run by loadtest/prefill_bench.py in a process of its own per round, against this checkout or
 another commit's worktree, so it imports only what every commit's engine has (LLM,
@@ -10,7 +10,7 @@ import time
 
 
 def main() -> None:
-    tree, prompt_len, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    tree, prompt_len, seed, model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     sys.path.insert(0, tree)
     import random
 
@@ -18,7 +18,7 @@ def main() -> None:
     from engine.llm import set_num_threads
 
     set_num_threads(None)
-    llm = LLM(model="default")
+    llm = LLM(model=model)
     vocab = len(llm.tokenizer)
     rng = random.Random(seed)
     once = SamplingParams(max_tokens=1, ignore_eos=True)

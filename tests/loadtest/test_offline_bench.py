@@ -12,7 +12,8 @@ def test_bench_runs_both_systems_and_reports_consistent_figures(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "bench", "--model", "dummy:tiny",
          "--num-prompts", "4", "--input-len", "40", "--output-len", "8",
-         "--repeat", "2", "--result-json", str(out)], capture_output=True, text=True, timeout=300)
+         "--repeat", "2", "--prefill-len", "48", "--prefill-rounds", "2",
+         "--result-json", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "ours / this" in proc.stdout and "of them" in proc.stdout
     assert "tokenwire rounds (s):" in proc.stdout
@@ -40,3 +41,9 @@ def test_bench_runs_both_systems_and_reports_consistent_figures(tmp_path):
     assert fractions[best_round] == {"burst": report["fraction_of_burst_ceiling"],
                                      "sustained": report["fraction_of_sustained_ceiling"]}
     assert "each against the rates probed around it" in proc.stdout
+    # The prefill beside it: this checkout alone (no --baseline-rev), each round timed.
+    prefill = report["prefill"]
+    assert prefill["prompt_tokens"] == 48 and prefill["model"] == "dummy:tiny"
+    row = prefill["rows"]["this checkout"]
+    assert len(row["rounds_s"]) == 2 and row["tok_per_s"] > 0
+    assert "prefill of one 48-token prompt" in proc.stdout
