@@ -20,18 +20,17 @@ medians, and paired (each round's chain over that round's ws chain, the median o
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import subprocess
 import sys
 
 from loadtest.compare import _tokenizer_spec, add_common, log, serve_args
 from loadtest.config import LoadTestConfig
+from loadtest.machine import cpu_model, git_commit
 from loadtest.metrics import describe
 from loadtest.report import comparison_main
 from loadtest.responses_client import MODES, ResponsesBackend
 from loadtest.runner import Runner
-from loadtest.server_process import REPO, ServerProcess
+from loadtest.server_process import ServerProcess
 from loadtest.workload import build_workload, run_loop
 
 
@@ -82,7 +81,7 @@ def compare(args: argparse.Namespace) -> dict:
         row["vs_ws_paired"] = paired(chains[mode], chains["ws"])
     best_http = min(rows["chain"]["e2e_s_median"], rows["resend"]["e2e_s_median"])
     return {"comparison": "agent-chain", "model": args.model, "device": args.device,
-            "cpu": cpu_name(), "commit": git_commit(), "turns": args.turns,
+            "cpu": cpu_model(), "commit": git_commit(), "turns": args.turns,
             "chains": args.chains, "first_turn_len": args.first_turn_len,
             "tool_output_len": args.tool_output_len, "output_len": args.output_len,
             "variants": rows, "ws_vs_best_http_e2e": rows["ws"]["e2e_s_median"] / best_http,
@@ -116,25 +115,6 @@ def summary(runs: list[list]) -> dict:
             "last_turn_cached_tokens": statistics.mean(r.usage_cached_tokens or 0
                                                        for r in last),
             "output_tokens_per_turn": statistics.mean(r.output_tokens for r in turns)}
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
-    names = [line.split(":", 1)[1].strip() for line in out.splitlines()
-             if line.startswith("Model name:")]
-    return names[0] if names else "unknown"
-
-
-def git_commit() -> str:
-    def git(*argv: str) -> str:
-        return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True,
-                              check=False).stdout.strip()
-    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain",
-                                                                   "--untracked-files=no")
-                                                  else "")
 
 
 def format_report(report: dict) -> str:

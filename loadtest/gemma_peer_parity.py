@@ -28,6 +28,7 @@ from loadtest.gemma_reference import (MAX_NEW, WHEEL, load_transformers_gemma,
                                       parity_prompts, transformers_greedy)
 from loadtest.llama_server import LlamaServer, find_llama_server
 from loadtest.logprob_error import first_difference, fp32_logprobs
+from loadtest.machine import cpu_model
 
 TOP = 5
 NEAR_TIE = 0.05
@@ -141,12 +142,6 @@ def odd_one_out(runs: dict[str, Continuation]) -> str | None:
         return "all"
     (common,) = set(earliest[0]) & set(earliest[1])
     return common
-
-
-def cpu_model() -> str:
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
-                 if line.startswith("Model name")), "unknown CPU")
 
 
 def llama_version(binary: str) -> str:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import platform
 import tempfile
 from pathlib import Path
 
 from loadtest import tiny_models
+from loadtest.machine import cpu_model
 
 
 def describe(config) -> str:
@@ -58,13 +58,6 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", default=list(tiny_models.FAMILIES),
@@ -76,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as root:
         rows = parity_rows(args.families, args.backends, Path(root))
     print(f"{len(tiny_models.PROMPTS)} prompts x {tiny_models.STEPS} greedy steps, fp32, "
-          f"CPU ({cpu_name()}); logit error: max |ours - transformers| over every step")
+          f"CPU ({cpu_model()}); logit error: max |ours - transformers| over every step")
     print(table(rows))
 
 

@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
-import subprocess
 import sys
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.config import LoadTestConfig
+from loadtest.machine import cpu_model
 from loadtest.metrics import summarize
 from loadtest.server_process import ServerProcess
 from loadtest.workload import build_workload, run_loop, run_workload
@@ -107,15 +106,6 @@ def gate_seconds(base: str) -> dict[str, dict[str, float]]:
             if key and sample.labels.get("model") in found:
                 found[sample.labels["model"]][key] = sample.value
     return found
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines()
-                    if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def format_rows(rows: list[dict]) -> str:

@@ -16,7 +16,7 @@ from loadtest.datasets import token_id_prompts
 from loadtest.report import print_report
 from loadtest.roofline import (SUSTAIN_S, Workload, around, bandwidth_ceiling,
                                compute_ceiling, measure_hardware)
-from loadtest.spec_bench import cpu_model
+from loadtest.machine import cpu_model
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

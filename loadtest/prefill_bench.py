@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loadtest.spec_bench import cpu_model
+from loadtest.machine import cpu_model, git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "prefill_child.py"
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> tuple[str, dict]:
     rows = {name: {"seconds": statistics.median(s), "rounds_s": [round(x, 2) for x in s],
                    "tok_per_s": round(args.prefill_len / statistics.median(s), 1)}
             for name, s in seconds.items()}
-    report = {"cpu": cpu_model(), "commit": _rev(ROOT), "model": args.model,
+    report = {"cpu": cpu_model(), "commit": git_commit(ROOT), "model": args.model,
               "prompt_tokens": args.prefill_len,
               "threads": args.num_threads or "torch default", "rows": rows}
     return _format(report), report
@@ -71,12 +71,6 @@ def _worktree(rev: str) -> Path:
         subprocess.run(["git", "worktree", "add", "--detach", str(path), full], cwd=ROOT,
                        capture_output=True, text=True, check=True)
     return path
-
-
-def _rev(tree: Path) -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
-                         text=True, check=False)
-    return out.stdout.strip() or "unknown"
 
 
 def _format(r: dict) -> str:

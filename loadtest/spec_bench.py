@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import platform
 import statistics
-import subprocess
 import time
 from collections import defaultdict
 
 from engine import LLM, EngineConfig, SamplingParams
 from engine.llm import set_num_threads
+from loadtest.machine import cpu_model, git_commit
 
 PARAGRAPH = ("tokenwire is a realtime LLM streaming gateway: an aiohttp server holds "
              "long-lived WebSocket sessions, a coroutine scheduler admits work under "
@@ -192,7 +191,7 @@ def main(argv=None) -> None:
 
 
 def print_single(off: LLM, on: LLM, params: SamplingParams, steps: dict, args) -> None:
-    print(f"CPU: {cpu_model()}; commit {commit()}; greedy, max_tokens {args.max_tokens}, "
+    print(f"CPU: {cpu_model()}; commit {git_commit()}; greedy, max_tokens {args.max_tokens}, "
           f"k <= {args.num_speculative_tokens}, c=1")
     print(f"{'dataset':<12}{'off tok/s':>10}{'on tok/s':>10}{'ratio':>8}"
           f"{'accept':>8}{'acc.len':>8}  tokens (off, on)")
@@ -207,7 +206,7 @@ def print_single(off: LLM, on: LLM, params: SamplingParams, steps: dict, args) -
 
 def print_batched(off: LLM, on: LLM, params: SamplingParams, steps: dict, sizes: list[int],
                   args) -> None:
-    print(f"CPU: {cpu_model()}; commit {commit()}; greedy, max_tokens {args.max_tokens}, "
+    print(f"CPU: {cpu_model()}; commit {git_commit()}; greedy, max_tokens {args.max_tokens}, "
           f"k <= {args.num_speculative_tokens}, speculative_max_rows "
           f"{args.speculative_max_rows}, copy-heavy, {args.rounds} rounds per c")
     for c in sizes:
@@ -236,21 +235,6 @@ def batch_sizes(text: str) -> list[int]:
     if any(c < 1 for c in sizes):
         raise argparse.ArgumentTypeError("batch sizes must be at least 1")
     return sizes
-
-
-def cpu_model() -> str:
-    for line in open("/proc/cpuinfo", encoding="utf-8"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -19,10 +19,10 @@ import random
 import statistics
 import sys
 
-from loadtest.compare_agent_chain import cpu_name, git_commit
 from loadtest.config import LoadTestConfig
 from loadtest.copy_dataset import copy_prompts
 from loadtest.llama_server import LlamaServer, find_llama_server
+from loadtest.machine import cpu_model, git_commit
 from loadtest.peer_bench import peer_gguf
 from loadtest.report import print_report
 from loadtest.server_metrics import scrape
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {name} round {r + 1}: {rounds[name][-1]}", file=sys.stderr)
         after = spec_counters(urls["tokenwire ngram"])
     spec = {k: after[k] - before[k] for k in after}
-    report = {"cpu": cpu_name(), "commit": git_commit(), "threads": args.num_threads, "prompts": args.num_prompts,
+    report = {"cpu": cpu_model(), "commit": git_commit(), "threads": args.num_threads, "prompts": args.num_prompts,
               "input_len": args.input_len, "output_len": args.output_len,
               "rounds": args.rounds, "llama_server": binary, "spec": spec,
               "sides": {name: median(runs) for name, runs in rounds.items()}}

@@ -18,7 +18,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.llm import set_num_threads
-from loadtest.spec_bench import commit, cpu_model
+from loadtest.machine import cpu_model, git_commit
 
 MODES = ("off", "host", "host+disk")
 
@@ -103,7 +103,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def report(results: dict[str, dict], args: argparse.Namespace) -> str:
     off_p99 = percentile(results["off"]["steps"], 99)
-    lines = [f"CPU: {cpu_model()}; commit {commit()}; {torch.get_num_threads()} threads; "
+    lines = [f"CPU: {cpu_model()}; commit {git_commit()}; {torch.get_num_threads()} threads; "
              f"batch {args.batch}, ~{args.input_len} in / {args.output_len} out, "
              f"{args.rounds} rounds, host tier {args.host_blocks} blocks",
              "| tiers | decode steps | p50 ms | p99 ms | mean ms | p99 / off | "
