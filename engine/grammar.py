@@ -64,7 +64,8 @@ class GrammarCompiler:
         entry = self._acquire(reduced)
         try:
             waiter = asyncio.shield(asyncio.wrap_future(entry.future))
-            result = await asyncio.wait_for(waiter, self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # wait_for could drop a cancel (3.11)
+                result = await waiter
         except TimeoutError:
             raise self._timed_out() from None
         finally:

@@ -220,9 +220,12 @@ class ModelSlot:
         """Run `job` (a template render, a tokenization, a prompt's fitting: CPU work that
         grows with the client's input) on the tokenizer's thread, so the event loop never
         waits on it; TimeoutError once `timeout` seconds pass (the job, bounded by the
-        input's size, still runs to its end, with no one waiting)."""
+        input's size, still runs to its end, with no one waiting). asyncio.timeout, not
+        wait_for: on Python 3.11 wait_for drops a cancellation that lands as the job ends
+        (returning its result), and a cancelled request would run on to its end."""
         future = asyncio.get_running_loop().run_in_executor(self._text_thread, job)
-        return await asyncio.wait_for(future, timeout)
+        async with asyncio.timeout(timeout):
+            return await future
 
     def encode(self, text: str) -> list[int]:
         return self._engine.encode(text)

@@ -157,7 +157,8 @@ class SseSink:
 
     async def _bounded(self, write) -> None:
         try:
-            await asyncio.wait_for(write, self._timeout)
+            async with asyncio.timeout(self._timeout):  # wait_for could drop a cancel (3.11)
+                await write
         except asyncio.TimeoutError:
             if self._request.transport is not None:
                 self._request.transport.abort()

@@ -65,8 +65,9 @@ async def test_request_errors_name_the_problem_and_keep_the_socket(base_url):
 
 
 async def test_duplicate_id_and_busy(server):
-    # An app of its own: on the shared one, after the gateway tests before it, the chat
-    # turn ran to its end before the cancel came (twice in full runs, never alone).
+    # In full runs the cancel used to land as the turn's render finished, where Python
+    # 3.11's asyncio.wait_for dropped it and the turn ran to its end (`length`):
+    # tests/scheduler/test_off_loop.py holds that race.
     url = server.start_app()
     try:
         async with aiohttp.ClientSession() as s:
