@@ -170,9 +170,14 @@ bool available() {
 void repack_rows(const Activations& x, int64_t k, Inputs& out) {
   const int64_t mp = (x.m + kTile - 1) / kTile * kTile, blocks = k / kBlock, subs = x.kp / kBlock;
   out.mp = mp, out.k = k, out.blocks = blocks;
-  out.levels.assign(2 * mp * k, 0);
-  out.d.assign(mp * blocks, 0.f);
-  out.sums.assign(mp * blocks, 0.f);
+  // Every row below m is written over; only the padding rows of the last tile are zeroed.
+  out.levels.resize(2 * mp * k);
+  out.d.resize(mp * blocks);
+  out.sums.resize(mp * blocks);
+  for (int l = 0; l < 2; ++l)
+    std::fill(out.levels.begin() + (l * mp + x.m) * k, out.levels.begin() + (l + 1) * mp * k, 0);
+  std::fill(out.d.begin() + x.m * blocks, out.d.end(), 0.f);
+  std::fill(out.sums.begin() + x.m * blocks, out.sums.end(), 0.f);
   for (int64_t r = 0; r < x.m; ++r) {
     for (int l = 0; l < 2; ++l) {
       const int8_t* src = x.p[l] + r * x.kp;

@@ -62,8 +62,7 @@ bool isa_supported(int64_t isa) {
                     __builtin_cpu_supports("f16c");
 #ifdef TOKENWIRE_QUANT_EMULATE_AVX512
   if (isa == kAvx512) return true;  // avx512_emulated.h: portable C, runs anywhere
-#endif
-#ifndef TOKENWIRE_QUANT_EMULATE_AVX512
+#else
   if (isa == kAmx) return isa_supported(kAvx512) && amx::available();
 #endif
   if (isa == kAvx512)
@@ -301,7 +300,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("best_isa", &best_isa);
   m.def("dense_rows", [] { return kDenseRows; });
   m.def("exact_rows", &exact_rows, py::arg("isa"), py::arg("sub") = kBlock);
-  m.def("amx_rows", [] { return kAmxRows; });
   m.def("activation_levels",
         [](int64_t isa) { return isa == kPortable ? kLevels : kSimdLevels; });
   m.def("exports", [] {  // for the ops module: quant_exports.h
