@@ -14,9 +14,9 @@ from engine.llm import set_num_threads
 from loadtest import hf_peers, peer_bench, prefill_bench
 from loadtest.datasets import token_id_prompts
 from loadtest.report import print_report
+from loadtest.machine import cpu_model
 from loadtest.roofline import (SUSTAIN_S, Workload, around, bandwidth_ceiling,
                                compute_ceiling, measure_hardware)
-from loadtest.machine import cpu_model
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

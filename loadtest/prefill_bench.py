@@ -13,9 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loadtest.machine import cpu_model, git_commit
+from loadtest.machine import REPO, cpu_model, git_commit
 
-ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "prefill_child.py"
 
 
@@ -29,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> tuple[str, dict]:
-    trees = {"this checkout": ROOT}
+    trees = {"this checkout": REPO}
     if args.baseline_rev:
         trees[f"baseline {args.baseline_rev}"] = _worktree(args.baseline_rev)
     seconds: dict[str, list[float]] = {name: [] for name in trees}
@@ -39,7 +38,7 @@ def run(args: argparse.Namespace) -> tuple[str, dict]:
     rows = {name: {"seconds": statistics.median(s), "rounds_s": [round(x, 2) for x in s],
                    "tok_per_s": round(args.prefill_len / statistics.median(s), 1)}
             for name, s in seconds.items()}
-    report = {"cpu": cpu_model(), "commit": git_commit(ROOT), "model": args.model,
+    report = {"cpu": cpu_model(), "commit": git_commit(REPO), "model": args.model,
               "prompt_tokens": args.prefill_len,
               "threads": args.num_threads or "torch default", "rows": rows}
     return _format(report), report
@@ -59,16 +58,16 @@ def _extensions_dir(tree: Path) -> Path:
     """A kernel build directory per tree: two trees' sources in one directory rebuild each
     other's modules (same names, different paths) on every start."""
     base = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
-    return base if tree == ROOT else base.parent / f"{base.name}-{tree.name}"
+    return base if tree == REPO else base.parent / f"{base.name}-{tree.name}"
 
 
 def _worktree(rev: str) -> Path:
     """A detached worktree of `rev` beside the system's temp files, made once and reused."""
-    full = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
+    full = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=REPO,
                           capture_output=True, text=True, check=True).stdout.strip()
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tokenwire-baseline-{full[:10]}"
     if not path.exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(path), full], cwd=ROOT,
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), full], cwd=REPO,
                        capture_output=True, text=True, check=True)
     return path
 
