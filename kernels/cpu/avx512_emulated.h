@@ -81,6 +81,38 @@ inline simde__m512 zextps256_ps512(simde__m256 a) {
   return simde__m512_from_private(out);
 }
 
+// The masked loads and stores and the 16-lane half conversion the panels use
+// (quant_panels.h), which SIMDe lacks.
+inline simde__m512 maskz_loadu_ps(simde__mmask16 mask, const float* p) {
+  simde__m512_private out = simde__m512_to_private(simde_mm512_setzero_ps());
+  for (int i = 0; i < 16; ++i)
+    if (mask >> i & 1) out.f32[i] = p[i];
+  return simde__m512_from_private(out);
+}
+
+inline void mask_storeu_ps(float* p, simde__mmask16 mask, simde__m512 a) {
+  simde__m512_private in = simde__m512_to_private(a);
+  for (int i = 0; i < 16; ++i)
+    if (mask >> i & 1) p[i] = in.f32[i];
+}
+
+inline simde__m256i maskz_loadu_epi16(simde__mmask16 mask, const void* p) {
+  simde__m256i_private out = simde__m256i_to_private(simde_mm256_setzero_si256());
+  for (int i = 0; i < 16; ++i)
+    if (mask >> i & 1) out.u16[i] = static_cast<const uint16_t*>(p)[i];
+  return simde__m256i_from_private(out);
+}
+
+inline simde__m512 cvtph_ps(simde__m256i a) {
+  simde__m256i_private in = simde__m256i_to_private(a);
+  simde__m512_private out;
+  for (int h = 0; h < 2; ++h) {
+    simde__m256_private part = simde__m256_to_private(simde_mm256_cvtph_ps(in.m128i[h]));
+    for (int i = 0; i < 8; ++i) out.f32[8 * h + i] = part.f32[i];
+  }
+  return simde__m512_from_private(out);
+}
+
 }  // namespace tokenwire::quant::emulated
 
 #define _MM_FROUND_NO_EXC SIMDE_MM_FROUND_NO_EXC
@@ -91,6 +123,16 @@ inline simde__m512 zextps256_ps512(simde__m256 a) {
 #define __m256 simde__m256
 #define __m512 simde__m512
 #define __m512i simde__m512i
+#define __mmask16 simde__mmask16
+#define __m256i simde__m256i
+#define _mm256_maskz_loadu_epi16 tokenwire::quant::emulated::maskz_loadu_epi16
+#define _mm512_castps_si512 simde_mm512_castps_si512
+#define _mm512_cvtph_ps tokenwire::quant::emulated::cvtph_ps
+#define _mm512_mask_storeu_ps tokenwire::quant::emulated::mask_storeu_ps
+#define _mm512_maskz_loadu_ps tokenwire::quant::emulated::maskz_loadu_ps
+#define _mm512_set1_epi32 simde_mm512_set1_epi32
+#define _mm512_shuffle_i32x4 simde_mm512_shuffle_i32x4
+#define _mm512_storeu_si512 simde_mm512_storeu_si512
 #define _mm256_add_ps simde_mm256_add_ps
 #define _mm256_castpd_ps simde_mm256_castpd_ps
 #define _mm256_castps256_ps128 simde_mm256_castps256_ps128

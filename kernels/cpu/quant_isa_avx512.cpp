@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "quant_kernels.h"
 
@@ -33,6 +34,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #endif
 
+#include "quant_panels.h"  // after the target: these loops compile for AVX-512
 #include "quant_tiles.h"  // after the target: its loops compile for AVX-512
 
 namespace tokenwire::quant::avx512 {
@@ -220,7 +222,37 @@ struct Kernel {
   }
 };
 
+// One block of a 16-row tile against a panel (quant_panels.h): each of the panel's 8 code
+// vectors (4 codes of each of its 16 weight rows) against the matching 4 activation bytes of
+// a row, broadcast; the two levels' chains are apart (latency), then combined as exact int32.
+inline void panel_block(__m512 (&acc)[kTile], const PanelBlock& a) {
+  __m512i codes[8];
+  for (int i = 0; i < 8; ++i) codes[i] = _mm512_loadu_si512(a.codes + 64 * i);
+#pragma GCC unroll 16
+  for (int r = 0; r < kTile; ++r) {
+    const int8_t* p1 = a.p1 + r * a.k;
+    const int8_t* p2 = a.p2 + r * a.k;
+    __m512i c1 = _mm512_setzero_si512(), c2 = _mm512_setzero_si512();
+    for (int i = 0; i < 8; ++i) {
+      int32_t q1, q2;  // 4 activation bytes each
+      std::memcpy(&q1, p1 + 4 * i, 4);
+      std::memcpy(&q2, p2 + 4 * i, 4);
+      c1 = _mm512_dpbusd_epi32(c1, codes[i], _mm512_set1_epi32(q1));
+      c2 = _mm512_dpbusd_epi32(c2, codes[i], _mm512_set1_epi32(q2));
+    }
+    const __m512i both = _mm512_add_epi32(_mm512_slli_epi32(c1, kLevelShift), c2);
+    const __m512 weight = _mm512_mul_ps(a.scale, _mm512_set1_ps(a.d[r * a.blocks]));
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), weight, acc[r]);
+    acc[r] = _mm512_fmadd_ps(a.offset, _mm512_set1_ps(a.sums[r * a.blocks]), acc[r]);
+  }
+}
+
 }  // namespace
+
+void gemm_panels(const Weights& w, const panels::Inputs& x, const float* bias, float* out,
+                 int64_t m, int64_t panel_begin, int64_t panel_end) {
+  panel_loop(w, x, bias, out, m, panel_begin, panel_end, panel_block);
+}
 
 void unpack_row(const Weights& w, int64_t j, int64_t k, float* out) {
   const WeightRow row = weight_row(w, j);

@@ -142,23 +142,29 @@ void gemm_unpacked(const Weights& w, const float* xt, int64_t m, int64_t k, cons
                    float* out, int64_t n_begin, int64_t n_end);
 }
 
-// AMX tiles (quant_isa_amx.cpp), for sub-32 weights against batched rows: the rows'
-// first two levels repacked in natural weight order, 16-row tiles (rows past m zero), each
-// block's d (times 128: the two levels' sum is 128 p1 + p2) and exact sum.
-namespace amx {
+// Batched rows against weight panels (quant_panels.h), for sub-32 weights: the rows' first
+// two levels repacked in natural weight order, 16-row tiles (rows past m zero), each block's
+// d (times 128: the two levels' sum is 128 p1 + p2) and exact sum.
+namespace panels {
 struct Inputs {
   std::vector<int8_t> levels;  // [2][mp][k]
   std::vector<float> d, sums;  // [mp][k / 32]
   int64_t mp = 0, k = 0, blocks = 0;
 };
+}  // namespace panels
+
+// out[r * n + j] = x_r . w_j (+ bias[j]), r < m, for the 16-row weight panels
+// [panel_begin, panel_end): on AMX tiles (quant_isa_amx.cpp) or with AVX-512 VNNI's dots.
+namespace amx {
 // The CPU has AMX-TILE, AMX-INT8 and AVX-512, and Linux granted this process tile data.
 bool available();
-void repack_rows(const Activations& x, int64_t k, Inputs& out);
-// out[r * n + j] = x_r . w_j (+ bias[j]), r < m, for the 16-row weight panels
-// [panel_begin, panel_end).
-void gemm(const Weights& w, const Inputs& x, const float* bias, float* out, int64_t m,
+void gemm(const Weights& w, const panels::Inputs& x, const float* bias, float* out, int64_t m,
           int64_t panel_begin, int64_t panel_end);
 }  // namespace amx
+namespace avx512 {
+void gemm_panels(const Weights& w, const panels::Inputs& x, const float* bias, float* out,
+                 int64_t m, int64_t panel_begin, int64_t panel_end);
+}  // namespace avx512
 
 // IEEE half -> float without F16C (portable kernels, embedding lookup, scale reads).
 inline float half_to_float(uint16_t h) {

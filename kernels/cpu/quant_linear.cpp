@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -37,23 +38,29 @@ constexpr int64_t kDenseRows = 256, kDenseChunkFloats = int64_t(1) << 20;
 // crossover per shape is in docs/kernels.md, "Where the CPU thresholds come from").
 constexpr int64_t kAvx2UnpackedRows = 12;
 
-// From kAmxRows activation rows on, a CPU with AMX runs sub-32 weights' matmuls on its tiles
+// From kPanelRows activation rows on, a CPU with AMX runs sub-32 weights' matmuls on its tiles
 // (quant_isa_amx.cpp) at the int8 dots' two levels, prefill chunks included: a tile holds
 // 16 rows whatever the count, so below ~8 the VNNI dots are faster, at 12 the tiles lead on
 // every shape of the default model (docs/kernels.md, "Where the CPU thresholds come from").
-constexpr int64_t kAmxRows = 12, kAmxChunkBytes = 256 << 10;
+// Without AMX, AVX-512 VNNI runs them from the same count on with the same panels and
+// arithmetic (quant_panels.h), its dots broadcasting a row's bytes against 16 weight rows at
+// once: the per-block work of scaling and adding is shared by 16 weight rows where the
+// row-major dots share it by 4 activation rows, and from 12 rows (a tile of 16 with 4 of
+// padding) the panels lead on every shape of the default model (docs/kernels.md, same
+// section; on AMD EPYC Zen 4 they run prefill chunks at 1.8-2.4x the dense path's speed).
+constexpr int64_t kPanelRows = 12, kPanelChunkBytes = 256 << 10;
+
+// The first row count at which an instruction set's panels take sub-32 weights' matmuls.
+int64_t panel_rows(int64_t isa) {
+  return isa == kAmx || isa == kAvx512 ? kPanelRows : std::numeric_limits<int64_t>::max();
+}
 
 // The first row count at which an instruction set's path takes x as exact fp32 instead of
 // rounded to int8 levels (activation_levels: portable reads 3, AVX2 and AVX-512 2), for a
-// weight of sub-blocks of `sub`: on AMX, sub-32 weights never leave the tiles.
+// weight of sub-blocks of `sub`: on the panels, sub-32 weights never leave the int8 levels.
 int64_t exact_rows(int64_t isa, int64_t sub = kBlock) {
-  if (isa == kAmx && sub == kBlock) return std::numeric_limits<int64_t>::max();
+  if (sub == kBlock && panel_rows(isa) < kDenseRows) return std::numeric_limits<int64_t>::max();
   return isa == kAvx2 ? kAvx2UnpackedRows : kDenseRows;
-}
-
-// Whether AMX tiles take this matmul (kAmx: else AVX-512's paths do).
-bool takes_amx(int64_t isa, int64_t rows, const Weights& w) {
-  return isa == kAmx && rows >= kAmxRows && w.sub == kBlock;
 }
 
 bool isa_supported(int64_t isa) {
@@ -159,22 +166,54 @@ Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa,
   return Activations{{p, p + m * kp, p + 2 * m * kp}, d, sums, d4, sums4, m, kp, x12p};
 }
 
-// The AMX path: x rounded as for the int8 dots, repacked for the tiles, threads splitting the
-// weight's 16-row panels.
-at::Tensor amx_linear(const at::Tensor& x, const Weights& w, const float* bias) {
+// x's Activations -> the panels' inputs (quant_kernels.h): levels 1 and 2 from the lo/hi
+// order to natural weight order, per 16-row tile, and d times 128.
+void repack_rows(const Activations& x, int64_t k, panels::Inputs& out) {
+  constexpr int64_t kTile = 16;
+  const int64_t mp = (x.m + kTile - 1) / kTile * kTile, blocks = k / kBlock, subs = x.kp / kBlock;
+  out.mp = mp, out.k = k, out.blocks = blocks;
+  // Every row below m is written over; only the padding rows of the last tile are zeroed.
+  out.levels.resize(2 * mp * k);
+  out.d.resize(mp * blocks);
+  out.sums.resize(mp * blocks);
+  for (int l = 0; l < 2; ++l)
+    std::fill(out.levels.begin() + (l * mp + x.m) * k, out.levels.begin() + (l + 1) * mp * k, 0);
+  std::fill(out.d.begin() + x.m * blocks, out.d.end(), 0.f);
+  std::fill(out.sums.begin() + x.m * blocks, out.sums.end(), 0.f);
+  for (int64_t r = 0; r < x.m; ++r) {
+    for (int l = 0; l < 2; ++l) {
+      const int8_t* src = x.p[l] + r * x.kp;
+      int8_t* dst = out.levels.data() + (l * mp + r) * k;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t at = b / 4 * kGroup + 16 * (b % 4);
+        std::memcpy(dst + 32 * b, src + at, 16);
+        std::memcpy(dst + 32 * b + 16, src + at + 64, 16);
+      }
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      out.d[r * blocks + b] = x.d[r * subs + b] * float(1 << kLevelShift);
+      out.sums[r * blocks + b] = x.sums[r * subs + b];
+    }
+  }
+}
+
+// The panels' path (AMX tiles or AVX-512 VNNI): x rounded as for the int8 dots, repacked
+// for the panels, threads splitting the weight's 16-row panels.
+at::Tensor panel_linear(const at::Tensor& x, const Weights& w, const float* bias, int64_t isa) {
   const Activations q = quantize_rows(x, w.kp, w.sub, kAvx512, false);
-  thread_local amx::Inputs mine;  // the workers below must read this thread's, not theirs
-  amx::Inputs& inputs = mine;
-  amx::repack_rows(q, x.size(1), inputs);
+  thread_local panels::Inputs mine;  // the workers below must read this thread's, not theirs
+  panels::Inputs& inputs = mine;
+  repack_rows(q, x.size(1), inputs);
+  auto* gemm = isa == kAmx ? amx::gemm : avx512::gemm_panels;
   at::Tensor out = at::empty({x.size(0), w.n}, x.options());
   float* op = out.data_ptr<float>();
   // A chunk's panels are unpacked once and meet every row from cache: about
-  // kChunksPerThread chunks per thread, none holding more than kAmxChunkBytes of codes.
+  // kChunksPerThread chunks per thread, none holding more than kPanelChunkBytes of codes.
   const int64_t panels = (w.n + 15) / 16, threads = at::get_num_threads();
   const int64_t per_chunk = std::clamp<int64_t>(panels / (threads * kChunksPerThread), 1,
-                                                std::max<int64_t>(1, kAmxChunkBytes / (16 * w.kp)));
+                                                std::max<int64_t>(1, kPanelChunkBytes / (16 * w.kp)));
   WorkerPool::instance().run((panels + per_chunk - 1) / per_chunk, int(threads), [&](int64_t c) {
-    amx::gemm(w, inputs, bias, op, x.size(0), c * per_chunk, std::min(panels, (c + 1) * per_chunk));
+    gemm(w, inputs, bias, op, x.size(0), c * per_chunk, std::min(panels, (c + 1) * per_chunk));
   });
   return out;
 }
@@ -233,7 +272,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
                 bias->numel() == w.n, "bias must be contiguous float32 [out_features]");
     bias_ptr = bias->data_ptr<float>();
   }
-  if (takes_amx(isa, x.size(0), w)) return amx_linear(x, w, bias_ptr);
+  if (w.sub == kBlock && x.size(0) >= panel_rows(isa)) return panel_linear(x, w, bias_ptr, isa);
   if (isa == kAmx) isa = kAvx512;
   if (x.size(0) >= kDenseRows) return dense_linear(x, w, bias, isa);
   if (x.size(0) >= exact_rows(isa)) return unpacked_linear(x, w, bias_ptr);

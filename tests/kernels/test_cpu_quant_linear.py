@@ -91,8 +91,9 @@ SHAPES = {  # (out_features, in_features): k under/at/past a group of 128; odd r
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 # rows: decode's 1, odd and even counts around the 2- and 4-row tiles, 11 (AVX2's last on
 # the int8 dots), 12 (its unpacked path's first: a panel of 8 rows and half of one), 17 and
-# 33 past 16-row blocks (the last panel one row and seven of padding; on AMX, 12 its first
-# and a 16-row tile with padding, 16 a whole one), 200 (several blocks and chunks)
+# 33 past 16-row blocks (the last panel one row and seven of padding; on the weight panels of
+# AMX and AVX-512, 12 their first and a 16-row tile with padding, 16 a whole one), 200
+# (several blocks and chunks)
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 11, 12, 16, 17, 33, 200])
 @pytest.mark.parametrize("shape", range(4))
 def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
@@ -118,8 +119,8 @@ def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_prefill_sized_batches_take_exact_activations(quant, isa, fmt):
     """From dense_rows() rows on, the weight is unpacked to fp32 and multiplied by torch's
-    GEMM: the product of the exact activations, to fp32's rounding, bias included. AMX keeps
-    sub-32 weights on its tiles at every size: their two levels, bias included."""
+    GEMM: the product of the exact activations, to fp32's rounding, bias included. The weight
+    panels (AMX, AVX-512) keep sub-32 weights at every size: their two levels, bias included."""
     quant, isa_id = kernels_for(quant, isa)
     rng = np.random.default_rng(9)
     in_features = 576 if fmt in LEGACY else 768
