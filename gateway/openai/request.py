@@ -103,7 +103,8 @@ CompletionRequest = _with_opaque(_Completion, "CompletionRequest", *COMPLETION_R
 async def decode_body(request: web.Request, schema: type[msgspec.Struct], timeout: float):
     """The body as `schema`; a body that takes longer than `timeout` to arrive is a 408."""
     try:
-        body = await asyncio.wait_for(request.read(), timeout)
+        async with asyncio.timeout(timeout):
+            body = await request.read()
     except asyncio.TimeoutError:
         if request.transport is not None:
             request.transport.abort()

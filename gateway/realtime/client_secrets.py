@@ -55,7 +55,8 @@ async def create_client_secret(request: web.Request) -> web.Response:
 
 async def _decode(request: web.Request, timeout: float) -> ClientSecretRequest:
     try:
-        body = await asyncio.wait_for(request.read(), timeout)
+        async with asyncio.timeout(timeout):
+            body = await request.read()
     except asyncio.TimeoutError:
         raise error_response(web.HTTPRequestTimeout, f"the body did not arrive within "
                              f"{timeout:g} s", "timeout") from None

@@ -151,8 +151,8 @@ class SocketCore:
         a graceful close waits forever for a peer that does not read, and ws.close() can
         also end cancelled (when the reader sees the close first), not only time out."""
         try:
-            await asyncio.wait_for(self.ws.close(code=CLOSE_SLOW_CONSUMER,
-                                                 message=b"send timeout"), 1.0)
+            async with asyncio.timeout(1.0):
+                await self.ws.close(code=CLOSE_SLOW_CONSUMER, message=b"send timeout")
         except (asyncio.TimeoutError, ConnectionError):
             pass
         finally:
@@ -176,7 +176,8 @@ class SocketCore:
         """Close after the frames already queued are written (drain, shutdown); a peer
         that has not read them and answered the close within `timeout` is dropped."""
         try:
-            await asyncio.wait_for(self._flush_then_close(code, message), timeout)
+            async with asyncio.timeout(timeout):
+                await self._flush_then_close(code, message)
         except (asyncio.TimeoutError, ConnectionError):
             self._drop()
 

@@ -94,9 +94,10 @@ async def run_writer(ws: web.WebSocketResponse, encode: Callable[[dict], bytes |
     """Write frames until cancelled; a frame not written within send_timeout closes the
     socket. `encode` turns a frame into a text (str) or binary (bytes) message."""
     while True:
-        # The writer ends when the outbox closes, not only when cancelled: on Python 3.11,
-        # wait_for() below swallows a cancellation that lands as the send completes, and
-        # the socket's handler, awaiting the writer, would then wait forever.
+        # The writer ends when the outbox closes, not only when cancelled, so the socket's
+        # handler, awaiting the writer, never depends on a cancellation arriving (on Python
+        # 3.11 asyncio.wait_for swallowed one that landed as a send completed; the sends
+        # now run under asyncio.timeout, which does not).
         entry = await outbox.get()
         if entry is None:
             return
@@ -123,7 +124,8 @@ async def _write(ws: web.WebSocketResponse, encode: Callable[[dict], bytes | str
         for one in frame if isinstance(frame, list) else [frame]:
             data = encode(one)
             send = ws.send_bytes if isinstance(data, bytes) else ws.send_str
-            await asyncio.wait_for(send(data), send_timeout)
+            async with asyncio.timeout(send_timeout):
+                await send(data)
     except asyncio.TimeoutError:
         log.warning("socket did not drain within %.1fs; closing it", send_timeout)
         on_stuck()

@@ -1,9 +1,11 @@
-"""The socket's writer ends once its outbox closes, even when its cancellation is lost.
+"""The socket's writer: a cancellation that lands as a send completes is not lost, and the
+writer ends once its outbox closes even without one.
 
-On Python 3.11, asyncio.wait_for() returns the result instead of raising when the task is
-cancelled in the same loop turn as the awaited send completes. That race cannot be timed
-on a real socket, so this test drives the writer with a socket stand-in whose send it
-completes by hand; everything else is the real Outbox and run_writer.
+On Python 3.11, asyncio.wait_for() returned the send's result instead of raising when the
+task was cancelled in the same loop turn as the awaited send completed; the writer's sends
+now run under asyncio.timeout, which keeps the cancellation. That race cannot be timed on a
+real socket, so these tests drive the writer with a socket stand-in whose send they complete
+by hand; everything else is the real Outbox and run_writer.
 """
 from __future__ import annotations
 
@@ -25,16 +27,28 @@ class HeldSocket:
         self.sent.append(data)
 
 
-async def test_writer_ends_when_closed_even_if_its_cancellation_is_lost():
+async def _writer_inside_its_send() -> tuple[HeldSocket, Outbox, asyncio.Task]:
     ws, outbox = HeldSocket(), Outbox(max_pending=8)
     writer = asyncio.create_task(run_writer(ws, Codec(binary=False).encode, outbox, None, 5.0,
                                             lambda: None))
     outbox.put({"type": "pong", "t": 1})
     for _ in range(3):
-        await asyncio.sleep(0)  # the writer is inside its send
+        await asyncio.sleep(0)
+    return ws, outbox, writer
+
+
+async def test_a_cancellation_landing_as_the_send_completes_is_kept():
+    ws, _, writer = await _writer_inside_its_send()
     ws.release.set_result(None)  # the send completes ...
-    outbox.close()  # ... in the same turn as the socket's teardown
-    writer.cancel()
+    writer.cancel()  # ... in the same loop turn as the cancellation
     done, _ = await asyncio.wait({writer}, timeout=2.0)
-    assert writer in done, "the writer outlived its closed outbox"
+    assert writer in done and writer.cancelled(), "the writer lost its cancellation"
+
+
+async def test_writer_ends_when_its_outbox_closes():
+    ws, outbox, writer = await _writer_inside_its_send()
+    ws.release.set_result(None)
+    outbox.close()
+    done, _ = await asyncio.wait({writer}, timeout=2.0)
+    assert writer in done and not writer.cancelled(), "the writer outlived its closed outbox"
     assert ws.sent == ['{"type":"pong","t":1}']
