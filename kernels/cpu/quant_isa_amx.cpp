@@ -67,24 +67,28 @@ void gemm(const Weights& w, const panels::Inputs& x, const float* bias, float* o
           int64_t panel_begin, int64_t panel_end) {
   alignas(64) int32_t dots[2][kTile * kTile];
   configure_tiles();
-  panel_loop(w, x, bias, out, m, panel_begin, panel_end, [&](__m512 (&acc)[kTile], const PanelBlock& a) {
-    _tile_loadd(0, a.p1, a.k);
-    _tile_loadd(1, a.p2, a.k);
-    _tile_loadd(2, a.codes, 64);
-    _tile_zero(3);
-    _tile_zero(4);
-    _tile_dpbsud(3, 0, 2);
-    _tile_dpbsud(4, 1, 2);
-    _tile_stored(3, dots[0], 64);
-    _tile_stored(4, dots[1], 64);
+  panel_loop(w, x, bias, out, m, panel_begin, panel_end, [&](__m512 (&acc)[kTile], const PanelTile& t) {
+    for (int64_t b = 0; b < t.blocks; ++b) {
+      _tile_loadd(0, t.p1 + 32 * b, t.k);
+      _tile_loadd(1, t.p2 + 32 * b, t.k);
+      _tile_loadd(2, t.codes + b * kPanelBytes, 64);
+      _tile_zero(3);
+      _tile_zero(4);
+      _tile_dpbsud(3, 0, 2);
+      _tile_dpbsud(4, 1, 2);
+      _tile_stored(3, dots[0], 64);
+      _tile_stored(4, dots[1], 64);
+      const __m512 scale = _mm512_loadu_ps(t.scales + b * kTile);
+      const __m512 offset = _mm512_loadu_ps(t.offsets + b * kTile);
 #pragma GCC unroll 16
-    for (int r = 0; r < kTile; ++r) {
-      const __m512i both = _mm512_add_epi32(
-          _mm512_slli_epi32(_mm512_load_si512(dots[0] + r * kTile), kLevelShift),
-          _mm512_load_si512(dots[1] + r * kTile));
-      const __m512 weight = _mm512_mul_ps(a.scale, _mm512_set1_ps(a.d[r * a.blocks]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), weight, acc[r]);
-      acc[r] = _mm512_fmadd_ps(a.offset, _mm512_set1_ps(a.sums[r * a.blocks]), acc[r]);
+      for (int r = 0; r < kTile; ++r) {
+        const __m512i both = _mm512_add_epi32(
+            _mm512_slli_epi32(_mm512_load_si512(dots[0] + r * kTile), kLevelShift),
+            _mm512_load_si512(dots[1] + r * kTile));
+        const __m512 weight = _mm512_mul_ps(scale, _mm512_set1_ps(t.d[r * t.blocks + b]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), weight, acc[r]);
+        acc[r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(t.sums[r * t.blocks + b]), acc[r]);
+      }
     }
   });
   _tile_release();

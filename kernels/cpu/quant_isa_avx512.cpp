@@ -222,28 +222,45 @@ struct Kernel {
   }
 };
 
-// One block of a 16-row tile against a panel (quant_panels.h): each of the panel's 8 code
-// vectors (4 codes of each of its 16 weight rows) against the matching 4 activation bytes of
-// a row, broadcast; the two levels' chains are apart (latency), then combined as exact int32.
-inline void panel_block(__m512 (&acc)[kTile], const PanelBlock& a) {
-  __m512i codes[8];
-  for (int i = 0; i < 8; ++i) codes[i] = _mm512_loadu_si512(a.codes + 64 * i);
+// The R rows of a tile against a panel (quant_panels.h), R known when compiled so the rows'
+// sums stay in registers: per block, each of the panel's 8 code vectors (4 codes of each of
+// its 16 weight rows) meets the matching 4 activation bytes of a row, broadcast; the two
+// levels' chains run apart (latency), then combine as exact int32.
+template <int R>
+void panel_rows(__m512 (&acc)[kTile], const PanelTile& t) {
+  for (int64_t b = 0; b < t.blocks; ++b) {
+    __m512i codes[8];
+    for (int i = 0; i < 8; ++i) codes[i] = _mm512_loadu_si512(t.codes + b * kPanelBytes + 64 * i);
+    const __m512 scale = _mm512_loadu_ps(t.scales + b * kTile);
+    const __m512 offset = _mm512_loadu_ps(t.offsets + b * kTile);
 #pragma GCC unroll 16
-  for (int r = 0; r < kTile; ++r) {
-    const int8_t* p1 = a.p1 + r * a.k;
-    const int8_t* p2 = a.p2 + r * a.k;
-    __m512i c1 = _mm512_setzero_si512(), c2 = _mm512_setzero_si512();
-    for (int i = 0; i < 8; ++i) {
-      int32_t q1, q2;  // 4 activation bytes each
-      std::memcpy(&q1, p1 + 4 * i, 4);
-      std::memcpy(&q2, p2 + 4 * i, 4);
-      c1 = _mm512_dpbusd_epi32(c1, codes[i], _mm512_set1_epi32(q1));
-      c2 = _mm512_dpbusd_epi32(c2, codes[i], _mm512_set1_epi32(q2));
+    for (int r = 0; r < R; ++r) {
+      const int8_t* p1 = t.p1 + r * t.k + 32 * b;
+      const int8_t* p2 = t.p2 + r * t.k + 32 * b;
+      __m512i c1 = _mm512_setzero_si512(), c2 = _mm512_setzero_si512();
+      for (int i = 0; i < 8; ++i) {
+        int32_t q1, q2;  // 4 activation bytes each
+        std::memcpy(&q1, p1 + 4 * i, 4);
+        std::memcpy(&q2, p2 + 4 * i, 4);
+        c1 = _mm512_dpbusd_epi32(c1, codes[i], _mm512_set1_epi32(q1));
+        c2 = _mm512_dpbusd_epi32(c2, codes[i], _mm512_set1_epi32(q2));
+      }
+      const __m512i both = _mm512_add_epi32(_mm512_slli_epi32(c1, kLevelShift), c2);
+      const __m512 weight = _mm512_mul_ps(scale, _mm512_set1_ps(t.d[r * t.blocks + b]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), weight, acc[r]);
+      acc[r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(t.sums[r * t.blocks + b]), acc[r]);
     }
-    const __m512i both = _mm512_add_epi32(_mm512_slli_epi32(c1, kLevelShift), c2);
-    const __m512 weight = _mm512_mul_ps(a.scale, _mm512_set1_ps(a.d[r * a.blocks]));
-    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), weight, acc[r]);
-    acc[r] = _mm512_fmadd_ps(a.offset, _mm512_set1_ps(a.sums[r * a.blocks]), acc[r]);
+  }
+}
+
+// panel_rows for the tile's own row count.
+template <int R = 1>
+void panel_tile(__m512 (&acc)[kTile], const PanelTile& t) {
+  if constexpr (R < kTile) {
+    if (t.rows == R) return panel_rows<R>(acc, t);
+    return panel_tile<R + 1>(acc, t);
+  } else {
+    panel_rows<kTile>(acc, t);
   }
 }
 
@@ -251,7 +268,7 @@ inline void panel_block(__m512 (&acc)[kTile], const PanelBlock& a) {
 
 void gemm_panels(const Weights& w, const panels::Inputs& x, const float* bias, float* out,
                  int64_t m, int64_t panel_begin, int64_t panel_end) {
-  panel_loop(w, x, bias, out, m, panel_begin, panel_end, panel_block);
+  panel_loop(w, x, bias, out, m, panel_begin, panel_end, panel_tile<>);
 }
 
 void unpack_row(const Weights& w, int64_t j, int64_t k, float* out) {

@@ -124,22 +124,24 @@ void unpack_panel(const Weights& w, int64_t j0, int64_t blocks, uint8_t* codes, 
   unpack_params(w, rows, cols, true, blocks, offsets);
 }
 
-// One block of a 16-row tile against one panel, for gemm_panels' Block.
-struct PanelBlock {
-  const uint8_t* codes;  // the panel's block (kPanelBytes)
-  const int8_t* p1;      // row 0's levels 1 and 2 for the block (32 bytes; row r at + r k)
+// A tile of up to 16 activation rows against one panel, for panel_loop's Tile.
+struct PanelTile {
+  const uint8_t* codes;  // the panel's blocks, kPanelBytes each
+  const float* scales;   // the panel's rows' scales and offsets, 16 per block
+  const float* offsets;
+  const int8_t* p1;      // row 0's levels 1 and 2 (row r at + r k, block b at + 32 b)
   const int8_t* p2;
-  const float* d;        // row 0's 128 d and exact sum for the block (row r at + r blocks)
+  const float* d;        // row 0's 128 d and exact sum per block (row r at + r blocks)
   const float* sums;
   int64_t k, blocks;
-  __m512 scale, offset;  // the panel's rows' scales and offsets for the block
+  int64_t rows;          // the tile's rows below m (the rest of its 16 are zero padding)
 };
 
 // out[r * n + j] = x_r . w_j (+ bias[j]) for r < m and the panels [panel_begin, panel_end),
-// with block(acc, PanelBlock) adding one block's terms to the 16 rows' sums acc[r].
-template <class Block>
+// with tile(acc, PanelTile) adding every block's terms to the tile's row sums acc[r].
+template <class Tile>
 void panel_loop(const Weights& w, const panels::Inputs& x, const float* bias, float* out,
-                 int64_t m, int64_t panel_begin, int64_t panel_end, const Block& block) {
+                int64_t m, int64_t panel_begin, int64_t panel_end, const Tile& tile) {
   const int64_t k = x.k, blocks = x.blocks, n = w.n, count = panel_end - panel_begin;
   // The panels' codes, scales and offsets, unpacked once and then read from cache by every
   // 16-row tile of activations in turn (the caller keeps a chunk's codes within L2).
@@ -150,25 +152,19 @@ void panel_loop(const Weights& w, const panels::Inputs& x, const float* bias, fl
   for (int64_t p = 0; p < count; ++p)
     unpack_panel(w, (panel_begin + p) * kTile, blocks, codes_buf.data() + p * blocks * kPanelBytes,
                  params.data() + 2 * p * blocks * kTile, params.data() + (2 * p + 1) * blocks * kTile);
-  for (int64_t m0 = 0; m0 < x.mp; m0 += kTile) {
-    const int8_t* p1 = x.levels.data() + m0 * k;
-    const int8_t* p2 = p1 + x.mp * k;
-    const float* d = x.d.data() + m0 * blocks;
-    const float* s = x.sums.data() + m0 * blocks;
+  for (int64_t m0 = 0; m0 < m; m0 += kTile) {
+    const int64_t rows = std::min(kTile, m - m0);
     for (int64_t p = 0; p < count; ++p) {
       const int64_t j0 = (panel_begin + p) * kTile, cols = std::min(kTile, n - j0);
-      const uint8_t* codes = codes_buf.data() + p * blocks * kPanelBytes;
       const float* scales = params.data() + 2 * p * blocks * kTile;
-      const float* offsets = scales + blocks * kTile;
       const __mmask16 mask = __mmask16((1u << cols) - 1);
       __m512 acc[kTile];
       for (auto& a : acc) a = bias ? _mm512_maskz_loadu_ps(mask, bias + j0) : _mm512_setzero_ps();
-      for (int64_t b = 0; b < blocks; ++b)
-        block(acc, PanelBlock{codes + b * kPanelBytes, p1 + 32 * b, p2 + 32 * b, d + b, s + b, k,
-                              blocks, _mm512_loadu_ps(scales + b * kTile),
-                              _mm512_loadu_ps(offsets + b * kTile)});
-      for (int64_t r = 0; r < std::min(kTile, m - m0); ++r)
-        _mm512_mask_storeu_ps(out + (m0 + r) * n + j0, mask, acc[r]);
+      const int8_t* p1 = x.levels.data() + m0 * k;
+      tile(acc, PanelTile{codes_buf.data() + p * blocks * kPanelBytes, scales,
+                          scales + blocks * kTile, p1, p1 + x.mp * k, x.d.data() + m0 * blocks,
+                          x.sums.data() + m0 * blocks, k, blocks, rows});
+      for (int64_t r = 0; r < rows; ++r) _mm512_mask_storeu_ps(out + (m0 + r) * n + j0, mask, acc[r]);
     }
   }
 }
