@@ -268,5 +268,6 @@ def _proposer(config: EngineConfig) -> NgramProposer | None:
     """The speculative decoding proposer the config asks for, or None (off)."""
     if config.speculative is None:
         return None
-    return NgramProposer(config.num_speculative_tokens,
+    return NgramProposer(config.num_speculative_tokens, min_n=config.speculative_ngram_min,
+                         max_n=config.speculative_ngram_max,
                          history_tokens=config.speculative_history_tokens)

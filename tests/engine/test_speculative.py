@@ -5,6 +5,9 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.core import _proposer
+from engine.errors import ConfigError
 from engine.outputs import SampledToken
 from engine.request import Request
 from engine.sampler import Sampler
@@ -29,6 +32,19 @@ def test_the_longest_recent_match_gives_the_continuation():
     assert find_continuation([5, 2, 8, 2, 9, 2], 2, 1, 3) == [9, 2]  # the latest occurrence
     assert find_continuation([1, 2, 3, 4], 2, 1, 3) == []
     assert find_continuation([256, 1, 2, 1], 2, 1, 3) == [2, 1]  # word-aligned matches only
+
+
+def test_the_engine_proposes_only_from_its_shortest_ngram_on():
+    """speculative_ngram_min: a suffix met before only as 2 tokens is chance, not a quote."""
+    tokens = [7, 8, 1, 2, 9, 9, 5, 1, 2]  # [1, 2] met before, [5, 1, 2] never
+    request = Request("r", tokens, SamplingParams())
+    cautious = _proposer(EngineConfig(speculative="ngram"))  # the default: 3 to 16 tokens
+    assert (cautious.min_n, cautious.max_n) == (3, 16)
+    assert cautious.propose(request, 4) == []
+    eager = _proposer(EngineConfig(speculative="ngram", speculative_ngram_min=2))
+    assert eager.propose(request, 4) == [9, 9, 5, 1]
+    with pytest.raises(ConfigError, match="speculative_ngram_max"):
+        EngineConfig(speculative_ngram_min=4, speculative_ngram_max=3)
 
 
 def finished(request_id: str, prompt: list[int], output: list[int]) -> Request:
