@@ -67,7 +67,7 @@ void gemm(const Weights& w, const panels::Inputs& x, const float* bias, float* o
           int64_t panel_begin, int64_t panel_end) {
   alignas(64) int32_t dots[2][kTile * kTile];
   configure_tiles();
-  panel_loop(w, x, bias, out, m, panel_begin, panel_end, [&](__m512 (&acc)[kTile], const PanelTile& t) {
+  auto tile = [&](__m512 (&acc)[kTile], const PanelTile& t) {
     for (int64_t b = 0; b < t.blocks; ++b) {
       _tile_loadd(0, t.p1 + 32 * b, t.k);
       _tile_loadd(1, t.p2 + 32 * b, t.k);
@@ -90,7 +90,8 @@ void gemm(const Weights& w, const panels::Inputs& x, const float* bias, float* o
         acc[r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(t.sums[r * t.blocks + b]), acc[r]);
       }
     }
-  });
+  };
+  panel_loop(w, x, bias, out, m, panel_begin, panel_end, tile);
   _tile_release();
 }
 

@@ -30,7 +30,7 @@
 namespace tokenwire::quant {
 namespace {
 
-constexpr int64_t kTile = 16;         // activation rows per tile, weight rows per panel
+constexpr int64_t kTile = panels::kRows;  // activation rows per tile, weight rows per panel
 constexpr int64_t kPanelBytes = 512;  // one block's codes for a panel: 8 x 16 int32 columns
 
 // r[i][j] -> r[j][i] for a 16 x 16 matrix of 32-bit values in 16 registers.
@@ -164,7 +164,8 @@ void panel_loop(const Weights& w, const panels::Inputs& x, const float* bias, fl
       tile(acc, PanelTile{codes_buf.data() + p * blocks * kPanelBytes, scales,
                           scales + blocks * kTile, p1, p1 + x.mp * k, x.d.data() + m0 * blocks,
                           x.sums.data() + m0 * blocks, k, blocks, rows});
-      for (int64_t r = 0; r < rows; ++r) _mm512_mask_storeu_ps(out + (m0 + r) * n + j0, mask, acc[r]);
+      for (int64_t r = 0; r < rows; ++r)
+        _mm512_mask_storeu_ps(out + (m0 + r) * n + j0, mask, acc[r]);
     }
   }
 }
