@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,7 +51,8 @@ class GrammarCompiler:
         self._vocabulary = (tokenizer, vocab_size, sorted(stop_token_ids))
         self.max_number_digits = max_number_digits  # None: numbers' digits unbounded
         self._compiler: xgr.GrammarCompiler | None = None  # built by the first compile
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="grammar-compile")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="grammar-compile",
+                                        initializer=_yield_to_decoding)
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
@@ -142,6 +144,20 @@ class GrammarCompiler:
     def _timed_out(self) -> InvalidRequestError:
         return InvalidRequestError(FIELD, f"schema took longer than {self.timeout_s:g} s to "
                                    "compile (grammar_compile_timeout_s)")
+
+
+# How much lower than the engine's a compile thread's scheduling priority is (Linux nice).
+COMPILE_NICENESS = 10
+
+
+def _yield_to_decoding() -> None:
+    """A compile thread takes the CPU the decode steps leave: on a box with as many cores as
+    the engine has matmul threads, one large schema's compile (seconds) would otherwise slow
+    every stream's steps while it runs."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICENESS)
+    except OSError:  # a platform without per-thread priorities keeps the default
+        pass
 
 
 def _tokenizer_info(tokenizer, vocab_size: int, stop_ids: list[int]) -> xgr.TokenizerInfo:

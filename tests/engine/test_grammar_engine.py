@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 
 import jsonschema
@@ -13,7 +14,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.errors import InvalidRequestError
-from engine.grammar import GrammarCompiler, new_matcher
+from engine.grammar import COMPILE_NICENESS, GrammarCompiler, new_matcher
 from engine.request import Request
 from engine.response_format import grammar_key
 from loadtest.json_schemas import SCHEMAS, max_tokens_for
@@ -117,6 +118,19 @@ def blocked_compiler(llm):
     yield compiler
     gate.set()
     compiler.shutdown()
+
+
+def test_compiles_run_below_the_engine_s_priority(llm):
+    """A long compile takes the CPU the decode steps leave (Linux: per-thread nice)."""
+    compiler = GrammarCompiler(llm.tokenizer, llm.core.runner.sample_vocab, {2}, threads=1,
+                               cache_size=8, timeout_s=5.0)
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    try:
+        on_pool = compiler._pool.submit(niceness).result()  # noqa: SLF001 - the compile thread
+    finally:
+        compiler.shutdown()
+    assert on_pool == niceness() + COMPILE_NICENESS
 
 
 async def test_a_compile_past_its_time_is_refused_and_withdrawn(blocked_compiler):
