@@ -82,12 +82,8 @@ void gemm(const Weights& w, const panels::Inputs& x, const float* bias, float* o
       const __m512 offset = _mm512_loadu_ps(t.offsets + b * kTile);
 #pragma GCC unroll 16
       for (int r = 0; r < kTile; ++r) {
-        const __m512i both = _mm512_add_epi32(
-            _mm512_slli_epi32(_mm512_load_si512(dots[0] + r * kTile), kLevelShift),
-            _mm512_load_si512(dots[1] + r * kTile));
-        const __m512 weight = _mm512_mul_ps(scale, _mm512_set1_ps(t.d[r * t.blocks + b]));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), weight, acc[r]);
-        acc[r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(t.sums[r * t.blocks + b]), acc[r]);
+        acc[r] = add_block(acc[r], _mm512_load_si512(dots[0] + r * kTile),
+                           _mm512_load_si512(dots[1] + r * kTile), t, scale, offset, r, b);
       }
     }
   };

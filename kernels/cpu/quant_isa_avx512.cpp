@@ -225,7 +225,7 @@ struct Kernel {
 // The R rows of a tile against a panel (quant_panels.h), R known when compiled so the rows'
 // sums stay in registers: per block, each of the panel's 8 code vectors (4 codes of each of
 // its 16 weight rows) meets the matching 4 activation bytes of a row, broadcast; the two
-// levels' chains run apart (latency), then combine as exact int32.
+// levels' chains run apart (latency), then combine as exact int32 (add_block).
 template <int R>
 void panel_rows(__m512 (&acc)[kTile], const PanelTile& t) {
   for (int64_t b = 0; b < t.blocks; ++b) {
@@ -245,10 +245,7 @@ void panel_rows(__m512 (&acc)[kTile], const PanelTile& t) {
         c1 = _mm512_dpbusd_epi32(c1, codes[i], _mm512_set1_epi32(q1));
         c2 = _mm512_dpbusd_epi32(c2, codes[i], _mm512_set1_epi32(q2));
       }
-      const __m512i both = _mm512_add_epi32(_mm512_slli_epi32(c1, kLevelShift), c2);
-      const __m512 weight = _mm512_mul_ps(scale, _mm512_set1_ps(t.d[r * t.blocks + b]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), weight, acc[r]);
-      acc[r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(t.sums[r * t.blocks + b]), acc[r]);
+      acc[r] = add_block(acc[r], c1, c2, t, scale, offset, r, b);
     }
   }
 }

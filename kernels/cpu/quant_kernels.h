@@ -146,7 +146,7 @@ void gemm_unpacked(const Weights& w, const float* xt, int64_t m, int64_t k, cons
 // two levels repacked in natural weight order, 16-row tiles (rows past m zero), each block's
 // d (times 128: the two levels' sum is 128 p1 + p2) and exact sum.
 namespace panels {
-constexpr int64_t kRows = 16;  // activation rows per tile, weight rows per panel
+constexpr int64_t kTile = 16;  // activation rows per tile, weight rows per panel
 struct Inputs {
   std::vector<int8_t> levels;  // [2][mp][k]
   std::vector<float> d, sums;  // [mp][k / 32]

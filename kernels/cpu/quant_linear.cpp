@@ -169,7 +169,7 @@ Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa,
 // x's Activations -> the panels' inputs (quant_kernels.h): levels 1 and 2 from the lo/hi
 // order to natural weight order, per 16-row tile, and d times 128.
 void repack_rows(const Activations& x, int64_t k, panels::Inputs& out) {
-  constexpr int64_t kTile = panels::kRows;
+  using panels::kTile;
   const int64_t mp = (x.m + kTile - 1) / kTile * kTile, blocks = k / kBlock, subs = x.kp / kBlock;
   out.mp = mp, out.k = k, out.blocks = blocks;
   // Every row below m is written over; only the padding rows of the last tile are zeroed.
@@ -209,7 +209,7 @@ at::Tensor panel_linear(const at::Tensor& x, const Weights& w, const float* bias
   float* op = out.data_ptr<float>();
   // A chunk's panels are unpacked once and meet every row from cache: about
   // kChunksPerThread chunks per thread, none holding more than kPanelChunkBytes of codes.
-  constexpr int64_t kTile = panels::kRows;
+  using panels::kTile;
   const int64_t count = (w.n + kTile - 1) / kTile, threads = at::get_num_threads();
   const int64_t most = std::max<int64_t>(1, kPanelChunkBytes / (kTile * w.kp));
   const int64_t per_chunk = std::clamp<int64_t>(count / (threads * kChunksPerThread), 1, most);

@@ -30,7 +30,7 @@
 namespace tokenwire::quant {
 namespace {
 
-constexpr int64_t kTile = panels::kRows;  // activation rows per tile, weight rows per panel
+using panels::kTile;
 constexpr int64_t kPanelBytes = 512;  // one block's codes for a panel: 8 x 16 int32 columns
 
 // r[i][j] -> r[j][i] for a 16 x 16 matrix of 32-bit values in 16 registers.
@@ -136,6 +136,16 @@ struct PanelTile {
   int64_t k, blocks;
   int64_t rows;          // the tile's rows below m (the rest of its 16 are zero padding)
 };
+
+// acc += row r's terms of block b (the equation above), from its levels' int32 dots c1, c2
+// against the panel: a Tile's last step per row and block.
+inline __m512 add_block(__m512 acc, __m512i c1, __m512i c2, const PanelTile& t, __m512 scale,
+                        __m512 offset, int r, int64_t b) {
+  const __m512i both = _mm512_add_epi32(_mm512_slli_epi32(c1, kLevelShift), c2);
+  const __m512 weight = _mm512_mul_ps(scale, _mm512_set1_ps(t.d[r * t.blocks + b]));
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(both), weight, acc);
+  return _mm512_fmadd_ps(offset, _mm512_set1_ps(t.sums[r * t.blocks + b]), acc);
+}
 
 // out[r * n + j] = x_r . w_j (+ bias[j]) for r < m and the panels [panel_begin, panel_end),
 // with tile(acc, PanelTile) adding every block's terms to the tile's row sums acc[r].
