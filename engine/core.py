@@ -5,6 +5,7 @@ DeviceGate party, so engines of several models in one process take the device in
 turns (engine/device_gate.py); scheduling and booking the outputs run outside it."""
 from __future__ import annotations
 
+import functools
 import logging
 
 from jinja2 import TemplateError
@@ -21,6 +22,7 @@ from engine.loader import load_model
 from engine.model_runner import ModelRunner
 from engine.models.config import context_len
 from engine.outputs import EngineStats, RequestOutput, SampledToken
+from engine.prompt_length import max_chars_per_token
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.speculative import NgramProposer
@@ -82,7 +84,25 @@ class EngineCore:
             self.tokenizer.close()
 
     def encode(self, text: str) -> list[int]:
+        self._check_length(text)
         return self.tokenizer.encode(text)
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int | None:
+        """engine.prompt_length's bound for this tokenizer (None: none holds)."""
+        if isinstance(self.tokenizer, TokenizerProcess):
+            return self.tokenizer.max_chars_per_token  # worked out in its child
+        return max_chars_per_token(self.tokenizer)
+
+    def _check_length(self, text: str) -> None:
+        """PromptTooLongError for a text that cannot fit whatever its tokens, before the
+        cost of encoding it (engine.prompt_length)."""
+        per_token = self.max_chars_per_token
+        if per_token is not None and len(text) > per_token * self.max_model_len:
+            raise PromptTooLongError(
+                f"prompt has {len(text)} characters, more than {self.max_model_len} tokens "
+                f"of at most {per_token} characters each; the context holds "
+                f"{self.max_model_len} including at least one generated token")
 
     @property
     def chat_template_supports_tools(self) -> bool:
@@ -105,6 +125,7 @@ class EngineCore:
         except (TemplateError, ValueError) as exc:
             raise InvalidRequestError("messages", f"the chat template refused them: "
                                       f"{str(exc)[:200]}") from None
+        self._check_length(text)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     # -- requests --------------------------------------------------------------------

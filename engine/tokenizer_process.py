@@ -23,6 +23,8 @@ import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from engine.prompt_length import max_chars_per_token
+
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600.0  # a cold child imports transformers and builds the tokenizer
@@ -214,6 +216,11 @@ class TokenizerProcess:
         return self.wait()._facts["eos_token_id"]
 
     @property
+    def max_chars_per_token(self) -> int | None:
+        """engine.prompt_length's bound, worked out in the child."""
+        return self.wait()._facts["max_chars_per_token"]
+
+    @property
     def grammar_vocabulary(self) -> tuple[list[str], int, bool]:
         """xgrammar's reading: each id's token (its piece), the vocabulary's type and
         whether it adds a prefix space (engine.grammar)."""
@@ -331,21 +338,23 @@ def _facts(tokenizer) -> dict:
     special = frozenset(tokenizer.all_special_ids) | frozenset(
         i for i, t in tokenizer.added_tokens_decoder.items() if t.special)
     decoder = Decoder(steps, pieces, special)  # raises UnsupportedDecoder
-    _check(decoder, tokenizer, size)
+    alone = backend.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    _check(decoder, tokenizer, alone)
     return {"decoder": steps, "pieces": pieces, "special": special,
             "chat_template": tokenizer.chat_template, "eos_token_id": tokenizer.eos_token_id,
-            "grammar_type": _grammar_type(tokenizer)}
+            "grammar_type": _grammar_type(tokenizer),
+            "max_chars_per_token": max_chars_per_token(tokenizer, alone)}
 
 
-def _check(decoder: Decoder, tokenizer, size: int) -> None:
-    """The replay must decode exactly as the tokenizer: every token alone (through the
-    Rust tokenizer in one batch) and random spans (through transformers' decode)."""
-    backend = tokenizer.backend_tokenizer
-    singles = [[i] for i in range(size)]
+def _check(decoder: Decoder, tokenizer, alone: list[str]) -> None:
+    """The replay must decode exactly as the tokenizer: every token alone (`alone`, each
+    id decoded by the Rust tokenizer) and random spans (through transformers' decode)."""
+    size = len(alone)
     specials = [[i] for i in sorted(decoder.special) if i < size]
     # skip_special_tokens changes nothing for one token that is not special
-    for skip, each in ((False, singles), (True, specials)):
-        real = backend.decode_batch(each, skip_special_tokens=skip)
+    skipped = tokenizer.backend_tokenizer.decode_batch(specials, skip_special_tokens=True)
+    for skip, each, real in ((False, [[i] for i in range(size)], alone),
+                             (True, specials, skipped)):
         for ids, text in zip(each, real):
             if decoder.decode(ids, skip) != text:
                 raise UnsupportedDecoder(f"token {ids[0]} decodes as {text!r}, replayed as "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
+from engine.errors import PromptTooLongError
 from gateway.errors import RequestError
 
 ROLES = frozenset({"system", "developer", "user", "assistant"})
@@ -48,20 +49,29 @@ def fit_to_context(encode_chat, messages: list[dict], room: int, max_len: int,
                  no   no   no      yes      yes   -> the fewest drops that fit, by bisection
 
     Each render is linear in the conversation, and bisection takes log2(messages) of them:
-    a long history costs O(n log n), where dropping one message at a time cost O(n^2)."""
+    a long history costs O(n log n), where dropping one message at a time cost O(n^2).
+    A render too long in characters to fit is refused before it is encoded (the engine's
+    PromptTooLongError): no fit, found at the cost of the render alone."""
     first = 1 if messages and messages[0]["role"] == "system" else 0
     remaining = len(messages) - first
 
-    def render(drops: int) -> list[int]:
-        return encode_chat(messages[:first] + messages[first + drops * step:])
+    def kept(drops: int) -> list[dict]:
+        return messages[:first] + messages[first + drops * step:]
 
-    def fits(prompt: list[int]) -> bool:
-        return len(prompt) + room <= max_len
+    def render(drops: int) -> list[int] | None:
+        """None: refused by its length before encoding."""
+        try:
+            return encode_chat(kept(drops))
+        except PromptTooLongError:
+            return None
+
+    def fits(prompt: list[int] | None) -> bool:
+        return prompt is not None and len(prompt) + room <= max_len
 
     prompt = render(0)
     most = -(-(remaining - 1) // step) if remaining > 1 else 0
     if fits(prompt) or most == 0:
-        return prompt
+        return prompt if prompt is not None else encode_chat(kept(0))  # raises again
     low, high, found = 0, most, {}  # render(low) does not fit; render(high) fits, or high
     while high - low > 1:           # is `most` (then nothing fits: too_large, later)
         mid = (low + high) // 2
@@ -70,4 +80,5 @@ def fit_to_context(encode_chat, messages: list[dict], room: int, max_len: int,
             high, found[mid] = mid, candidate
         else:
             low = mid
-    return found.get(high) or render(high)
+    prompt = found.get(high) or render(high)
+    return prompt if prompt is not None else encode_chat(kept(high))  # raises again

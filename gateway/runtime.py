@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from engine.errors import PromptTooLongError
 from gateway.config import GatewayConfig
 from gateway.errors import RequestError
 from gateway.metrics import Metrics
@@ -161,13 +162,16 @@ class Runtime:
 
     async def tokenize(self, job: Callable[[], T], request_id: str | None = None) -> T:
         """Run a prompt's rendering and tokenization off the event loop within
-        render_timeout_s; past it, a too_large RequestError."""
+        render_timeout_s; past it, or for a prompt refused by its length before encoding,
+        a too_large RequestError."""
         try:
             return await self.model.off_loop(job, self.config.render_timeout_s)
         except asyncio.TimeoutError:
             raise RequestError("too_large", "the prompt took longer than "
                                f"{self.config.render_timeout_s:g} s to render and tokenize; "
                                "send a shorter one", request_id) from None
+        except PromptTooLongError as exc:
+            raise RequestError("too_large", str(exc), request_id) from None
 
     def check_door(self, stream: Stream, priority: int, socket: object | None,
                    owner: str | None) -> None:

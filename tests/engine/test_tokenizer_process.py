@@ -21,6 +21,7 @@ from engine.loader import (
     default_model_dir,
     gguf_source,
 )
+from engine.prompt_length import max_chars_per_token
 from engine.tokenizer_process import Decoder, TokenizerProcess, UnsupportedDecoder
 
 TEXTS = ["The capital of France is", "  spaces\n\nand\ttabs  ", "naïve café 日本語 🙂 ∑",
@@ -66,6 +67,25 @@ def test_encodes_and_decodes_as_the_tokenizer_built_here(which, request):
             start = rng.randrange(len(ids))
             span = ids[start:start + rng.randint(1, 4)]
             assert child.decode(span, skip) == here.decode(span, skip_special_tokens=skip)
+
+
+@pytest.mark.parametrize("which", ["smol", "gemma"])
+def test_no_text_has_fewer_tokens_than_its_characters_bound(which, request):
+    """engine.prompt_length's bound, worked out in the child as here, holds on the texts
+    that pack the most characters into each token: runs of the longest tokens' own text,
+    of spaces and newlines, of special tokens' text, of 4-byte characters."""
+    child, here = request.getfixturevalue(which)
+    per_token = child.max_chars_per_token
+    assert per_token == max_chars_per_token(here) and per_token is not None
+    alone = here.backend_tokenizer.decode_batch([[i] for i in range(len(here))])
+    longest = sorted(alone, key=len)[-50:]
+    rng = random.Random(2)
+    texts = TEXTS + [" " * 5000, "\n" * 5000, "\t" * 3000, "🙂" * 2000, "a" * 5000,
+                     "<|im_start|>" * 400, "<start_of_turn>" * 300]
+    texts += [piece * 100 for piece in longest]
+    texts += ["".join(rng.choices(longest, k=200)) for _ in range(20)]
+    for text in texts:
+        assert len(here.encode(text, add_special_tokens=False)) * per_token >= len(text)
 
 
 def test_renders_the_chat_template_and_raises_its_refusals_by_type(smol):

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from engine.errors import PromptTooLongError
 from gateway.messages import fit_to_context
 
 
@@ -46,6 +47,39 @@ def test_drops_what_dropping_one_at_a_time_drops(step):
         room, max_len = rng.randrange(0, 10), rng.randrange(1, 60)
         ours = fit_to_context(Template(), messages, room, max_len, step)
         assert ours == drop_one_at_a_time(Template(), messages, room, max_len, step)
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_a_render_refused_by_its_length_counts_as_not_fitting(step):
+    """The engine refuses a text longer in characters than the context can hold before
+    encoding it (PromptTooLongError): such renders are ones that do not fit, and where
+    the fewest messages kept are refused, so is the conversation."""
+    rng = random.Random(10 + step)
+    for _ in range(2000):
+        messages = conversation(rng, rng.randrange(1, 12), rng.random() < 0.5)
+        room, max_len = rng.randrange(0, 10), rng.randrange(1, 60)
+        refused_from = rng.randrange(max_len, 2 * max_len)  # never a prompt that fits
+        template = Refusing(refused_from)
+        expected = drop_one_at_a_time(Template(), messages, room, max_len, step)
+        if len(expected) >= refused_from:
+            with pytest.raises(PromptTooLongError):
+                fit_to_context(template, messages, room, max_len, step)
+        else:
+            assert fit_to_context(template, messages, room, max_len, step) == expected
+
+
+class Refusing(Template):
+    """Refuses a render of `refused_from` tokens or more, as the engine does by length."""
+
+    def __init__(self, refused_from: int):
+        super().__init__()
+        self.refused_from = refused_from
+
+    def __call__(self, messages: list[dict]) -> list[int]:
+        prompt = super().__call__(messages)
+        if len(prompt) >= self.refused_from:
+            raise PromptTooLongError("too long by its characters")
+        return prompt
 
 
 def test_a_long_history_takes_log_renders():

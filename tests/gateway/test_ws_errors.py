@@ -56,6 +56,13 @@ async def test_request_errors_name_the_problem_and_keep_the_socket(base_url):
         assert error["code"] == "too_large" and error["id"] == "big"
         error = await error_for(ws, {"type": "chat", "id": "bigchat", "content": "hi " * 3000})
         assert error["code"] == "too_large" and error["id"] == "bigchat"
+        # Past the context's tokens by its characters alone: refused before encoding
+        # (engine.prompt_length), as generate and as a chat turn fitted to the context.
+        for frame in ({"type": "generate", "id": "huge", "prompt": "hello " * 40000},
+                      {"type": "chat", "id": "hugechat", "content": "hi " * 80000}):
+            error = await error_for(ws, frame)
+            assert error["code"] == "too_large" and error["id"] == frame["id"], error
+            assert "characters" in error["message"], error
         await ws.send_json({"type": "session.history"})
         assert (await recv_type(ws, "session.history"))["messages"] == []
         # The socket still serves.

@@ -237,6 +237,7 @@ async def test_the_worst_frame_of_each_endpoint_stalls_nobody(server, quiet, nam
           f"{quiet.itl_p99_ms:.1f}, benign twin {baseline.itl_p99_ms:.1f}); reply "
           f"{str(replies[0])[:120]}")
     assert replies  # answered (a reply or an error with its code), never left hanging
+    assert replies[0].get("status", 200) < 500 and replies[0].get("code") != "internal"
     assert watch.worst_health_ms < 1000 * HEALTH_BOUND_S
     # A coarse bound: it catches steps stalled by the hostile work (beside its twin the
     # ratio is ~1, 0.7-1.1 seen), not a few ms per token (32 ms of stop-string work per
