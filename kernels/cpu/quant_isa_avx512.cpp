@@ -182,8 +182,11 @@ float dot_row(const Gemm& g, int64_t j, int64_t row) {
   return _mm512_reduce_add_ps(acc);
 }
 
-// Weight row j against the 4 activation rows of tile q: out[r] for r = 0..3.
-template <int Bits, int Sub, bool Half>
+// Weight row j against the first R of the 4 activation rows of tile q: out[r] for r < R.
+// A tile of 2 or 3 rows (a verification's, or a batch's last) runs as a whole tile whose
+// missing rows' sums are zero: it shares the unpacking and the per-block float work as 4
+// rows do, where 2 or 3 single rows paid them each.
+template <int Bits, int Sub, bool Half, int R = 4>
 void dot_tile(const Gemm& g, int64_t j, int64_t q, float* out) {
   using W = Row<Bits, Sub, Half>;
   const W w(g.w, j);
@@ -193,6 +196,10 @@ void dot_tile(const Gemm& g, int64_t j, int64_t q, float* out) {
     __m512i lo, hi, s[2][4];
     w.group(gi, lo, hi);
     for (int r = 0; r < 4; ++r) {
+      if (r >= R) {
+        s[0][r] = s[1][r] = _mm512_setzero_si512();
+        continue;
+      }
       const Dots dr = dots<Sub>(lo, hi, x.p, (4 * q + r) * x.kp + gi * kGroup);
       for (int h = 0; h < W::kHalves; ++h) s[h][r] = dr.s[h];
     }
@@ -207,15 +214,22 @@ void dot_tile(const Gemm& g, int64_t j, int64_t q, float* out) {
   // lanes 4b + r -> row r: add the blocks
   const __m256 b01 = _mm256_add_ps(_mm512_castps512_ps256(acc),
                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
-  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(b01), _mm256_extractf128_ps(b01, 1)));
+  float rows[4];
+  _mm_storeu_ps(rows, _mm_add_ps(_mm256_castps256_ps128(b01), _mm256_extractf128_ps(b01, 1)));
+  std::copy(rows, rows + R, out);
 }
 
-// What gemm_tiles (quant_tiles.h) runs: tiles of 4 activation rows, then single rows.
+// What gemm_tiles (quant_tiles.h) runs: tiles of 4 activation rows, then a tile of the
+// last 2 or 3, or a single row.
 template <int Bits, int Sub, bool Half>
 struct Kernel {
   static constexpr int64_t kRows = 4;
   static void tile(const Gemm& g, int64_t j, int64_t q, float* out) {
     dot_tile<Bits, Sub, Half>(g, j, q, out);
+  }
+  static void partial_tile(const Gemm& g, int64_t j, int64_t q, int64_t rows, float* out) {
+    if (rows == 2) return dot_tile<Bits, Sub, Half, 2>(g, j, q, out);
+    dot_tile<Bits, Sub, Half, 3>(g, j, q, out);
   }
   static float row(const Gemm& g, int64_t j, int64_t m) {
     return dot_row<Bits, Sub, Half>(g, j, m);

@@ -62,7 +62,8 @@ struct Activations {
   const int8_t* p[kLevels];  // [m, kp] each, each group in lo/hi order
   const float* d;      // [m, kp / sub]: the block's d / 128^2, repeated per sub-block
   const float* sums;   // [m, kp / sub]: exact sum of x over each sub-block
-  // The same per whole tile of 4 rows, transposed for the 4-row kernels: for tile q,
+  // The same per tile of 4 rows (and a last tile of 2 or 3 rows, the rest zero),
+  // transposed for the 4-row kernels: for tile q,
   // group g, run h (sub 16 only: h = 0 lo, 1 hi) and block b, the 4 rows' values are at
   // [((q * groups + g) * halves + h) * 16 + 4 b + r], halves = 2 for sub 16, else 1.
   const float* d4;

@@ -121,30 +121,34 @@ Weights weights_of(const at::Tensor& codes, const at::Tensor& scales, const at::
 // two levels in one multiply (1.35-1.65x the speed of the sign trick it replaced).
 bool needs_x12(int64_t isa, int bits) { return isa == kAvx2 && bits == 8; }
 
-// d or sums of rows 4q..4q+3 ([4][subs], row-major) -> tile q's transposed layout.
-void transpose_tile(const float* rows, int64_t subs, int sub, float* out) {
+// d or sums of rows 4q..4q+3 ([present][subs], row-major) -> tile q's transposed layout,
+// zeros for the rows past `present` (a partial last tile: nothing is read past row m).
+void transpose_tile(const float* rows, int64_t present, int64_t subs, int sub, float* out) {
   const int64_t halves = sub == 16 ? 2 : 1, per_group = kGroup / sub;
   for (int64_t g = 0; g < subs / per_group; ++g)
     for (int64_t h = 0; h < halves; ++h)
       for (int64_t b = 0; b < 4; ++b)
         for (int64_t r = 0; r < 4; ++r)
-          out[(g * halves + h) * 16 + 4 * b + r] = rows[r * subs + g * per_group + b * halves + h];
+          out[(g * halves + h) * 16 + 4 * b + r] =
+              r < present ? rows[r * subs + g * per_group + b * halves + h] : 0.f;
 }
 
 // x [m, k] -> its Activations (quant_kernels.h), in buffers private to the calling thread and
 // reused by its next call (a tensor allocation each, three per matmul, cost more than a
 // decode row's quantization): the levels [m, kp] int8, d and sums [m, kp / sub] and their
-// 4-row-tile transposes, and where asked the first two levels as int16.
+// 4-row-tile transposes (a last tile of 2 or 3 rows too), and where asked the first two
+// levels as int16.
 Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa, bool x12) {
-  const int64_t m = x.size(0), k = x.size(1), subs = kp / sub, tiles = m / 4;
+  const int64_t m = x.size(0), k = x.size(1), subs = kp / sub;
+  const int64_t tiles = m % 4 > 1 ? m / 4 + 1 : m / 4, tiled = 4 * tiles * subs;
   thread_local std::vector<int8_t> levels;
   thread_local std::vector<float> floats;
   thread_local std::vector<int16_t> words;
   levels.resize(kLevels * m * kp);
-  floats.resize(4 * m * subs);
+  floats.resize(2 * m * subs + 2 * tiled);
   words.resize(x12 ? m * kp : 0);
   int8_t* p = levels.data();
-  float *d = floats.data(), *sums = d + m * subs, *d4 = d + 2 * m * subs, *sums4 = d + 3 * m * subs;
+  float *d = floats.data(), *sums = d + m * subs, *d4 = d + 2 * m * subs, *sums4 = d4 + tiled;
   const float* xp = x.data_ptr<float>();
   auto* quantize_row = isa == kAvx512 ? avx512::quantize_row
                        : isa == kAvx2 ? avx2::quantize_row
@@ -160,8 +164,9 @@ Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa,
     }
   });
   for (int64_t t = 0; t < tiles; ++t) {
-    transpose_tile(d + 4 * t * subs, subs, sub, d4 + 4 * t * subs);
-    transpose_tile(sums + 4 * t * subs, subs, sub, sums4 + 4 * t * subs);
+    const int64_t present = std::min<int64_t>(4, m - 4 * t);
+    transpose_tile(d + 4 * t * subs, present, subs, sub, d4 + 4 * t * subs);
+    transpose_tile(sums + 4 * t * subs, present, subs, sub, sums4 + 4 * t * subs);
   }
   return Activations{{p, p + m * kp, p + 2 * m * kp}, d, sums, d4, sums4, m, kp, x12p};
 }

@@ -34,6 +34,10 @@ constexpr int64_t kTileRows = 16;
 //   row(g, j, m)           weight row j . activation row m
 //   tile(g, j, q, out)     out[r] = weight row j . activation row kRows q + r, r < kRows
 //                          (only where kRows > 1)
+//   partial_tile(g, j, q, rows, out)
+//                          the same for r < rows, 1 < rows < kRows: the matrix's last rows
+//                          as a tile, where the kernel has it (Activations::d4 holds that
+//                          tile, its missing rows zero); else they run as single rows
 template <class Kernel>
 void gemm_tiles(const Gemm& g, int64_t n_begin, int64_t n_end) {
   constexpr int64_t kRows = Kernel::kRows;
@@ -50,6 +54,14 @@ void gemm_tiles(const Gemm& g, int64_t n_begin, int64_t n_end) {
             float out[kRows];
             Kernel::tile(g, j, m / kRows, out);
             for (int r = 0; r < kRows; ++r) g.out[(m + r) * n + j] = out[r] + bias;
+          }
+          if constexpr (requires { &Kernel::partial_tile; }) {
+            if (m1 - m > 1) {  // only the matrix's last rows: a block of 16 ends in a tile
+              float out[kRows];
+              Kernel::partial_tile(g, j, m / kRows, m1 - m, out);
+              for (int64_t r = 0; r < m1 - m; ++r) g.out[(m + r) * n + j] = out[r] + bias;
+              m = m1;
+            }
           }
         }
         for (; m < m1; ++m) g.out[m * n + j] = Kernel::row(g, j, m) + bias;

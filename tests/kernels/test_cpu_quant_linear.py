@@ -89,12 +89,13 @@ SHAPES = {  # (out_features, in_features): k under/at/past a group of 128; odd r
 
 @pytest.mark.parametrize("isa", sorted(cpu_kernels.QUANT_ISAS))
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-# rows: decode's 1, odd and even counts around the 2- and 4-row tiles, 11 (AVX2's last on
-# the int8 dots), 12 (its unpacked path's first: a panel of 8 rows and half of one), 17 and
-# 33 past 16-row blocks (the last panel one row and seven of padding; on the weight panels of
-# AMX and AVX-512, 12 their first and a 16-row tile with padding, 16 a whole one), 200
-# (several blocks and chunks)
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 11, 12, 16, 17, 33, 200])
+# rows: decode's 1, odd and even counts around the 2- and 4-row tiles (AVX-512's dots: 2
+# and 3 a partial tile alone, 6 and 11 one after whole tiles, 5 a single row after one), 11
+# (AVX2's last on the int8 dots), 12 (its unpacked path's first: a panel of 8 rows and half
+# of one), 17 and 33 past 16-row blocks (the last panel one row and seven of padding; on the
+# weight panels of AMX and AVX-512, 12 their first and a 16-row tile with padding, 16 a
+# whole one), 200 (several blocks and chunks)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 11, 12, 16, 17, 33, 200])
 @pytest.mark.parametrize("shape", range(4))
 def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
     quant, isa_id = kernels_for(quant, isa)
@@ -140,7 +141,8 @@ def test_prefill_sized_batches_take_exact_activations(quant, isa, fmt):
 
 
 @pytest.mark.parametrize("isa", sorted(cpu_kernels.QUANT_ISAS))
-@pytest.mark.parametrize("rows", [1, 5, 13, 300])  # each path: int8 dots, unpacked, dense
+# each path: int8 dots (5: a single row after a tile, 6: a partial tile), unpacked, dense
+@pytest.mark.parametrize("rows", [1, 5, 6, 13, 300])
 def test_nan_and_inf_rows_give_non_finite_outputs_and_spare_the_others(quant, isa, rows):
     """A NaN or an inf in a row makes that row's outputs non-finite, as fp32 arithmetic would
     (the int8 paths set the block's scale to NaN: rounding would hide it), and no other
