@@ -20,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from engine.errors import PromptTooLongError
 from gateway.sessions.live import LiveSession
 from gateway.tools.fallback import without_tools
 from gateway.tools.formats import format_for_model
@@ -80,6 +81,8 @@ class SessionKV:
     async def _tier_call(call: Awaitable, what: str) -> None:
         try:
             await call
+        except PromptTooLongError:  # a chain past the context: no KV holds it whole
+            return
         except Exception:  # noqa: BLE001 - the cache's loss, never the request's
             log.exception("KV %s failed", what)
 
@@ -122,6 +125,8 @@ class SessionKV:
             tokens = await slot.off_loop(lambda: self._render(slot, live),
                                          self._render_timeout_s)
             await action(slot, tokens)
+        except PromptTooLongError:  # a history past the context: no KV holds it whole
+            return
         except Exception:  # noqa: BLE001 - the cache's loss, never the session's
             log.exception("session KV %s failed", action.__name__)
 
