@@ -5,7 +5,6 @@ DeviceGate party, so engines of several models in one process take the device in
 turns (engine/device_gate.py); scheduling and booking the outputs run outside it."""
 from __future__ import annotations
 
-import functools
 import logging
 
 from jinja2 import TemplateError
@@ -56,6 +55,11 @@ class EngineCore:
             keep_freed_step_buffers()
         pool_tokens = self.runner.num_blocks * config.block_size
         self.max_model_len = min(wanted_len, pool_tokens)
+        # engine.prompt_length's bound (None: none holds), worked out while loading, not on
+        # the first prompt: a tokenizer built here decodes its whole vocabulary for it.
+        self.max_chars_per_token = (
+            self.tokenizer.max_chars_per_token if isinstance(self.tokenizer, TokenizerProcess)
+            else max_chars_per_token(self.tokenizer))
         self.kv_tiers: KVTiers | None = build_kv_tiers(config, self.runner, loaded)
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size,
                                    config.enable_prefix_caching, self.kv_tiers)
@@ -86,13 +90,6 @@ class EngineCore:
     def encode(self, text: str) -> list[int]:
         self._check_length(text)
         return self.tokenizer.encode(text)
-
-    @functools.cached_property
-    def max_chars_per_token(self) -> int | None:
-        """engine.prompt_length's bound for this tokenizer (None: none holds)."""
-        if isinstance(self.tokenizer, TokenizerProcess):
-            return self.tokenizer.max_chars_per_token  # worked out in its child
-        return max_chars_per_token(self.tokenizer)
 
     def _check_length(self, text: str) -> None:
         """PromptTooLongError for a text that cannot fit whatever its tokens, before the
