@@ -42,7 +42,7 @@ def test_the_engine_proposes_only_from_its_shortest_ngram_on():
     assert (cautious.min_n, cautious.max_n) == (3, 16)
     assert cautious.propose(request, 4) == []
     eager = _proposer(EngineConfig(speculative="ngram", speculative_ngram_min=2))
-    assert eager.propose(request, 4) == [9, 9, 5, 1]
+    assert eager.propose(request, 4) == [9, 9, 5]  # k: num_speculative_tokens, 3
     with pytest.raises(ConfigError, match="speculative_ngram_max"):
         EngineConfig(speculative_ngram_min=4, speculative_ngram_max=3)
 
@@ -78,19 +78,21 @@ def test_history_is_bounded_drops_the_oldest_and_never_runs_past_an_outputs_end(
                                                                            118, 119]
 
 
-def test_k_adapts_and_a_failing_request_rests_longer_each_time():
+def test_k_follows_the_average_accepted_and_a_failing_request_rests_longer_each_time():
     proposer = NgramProposer(4, first_rest=2)
-    request = Request("r", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams())
-    assert proposer.propose(request, 10) == [3, 1, 2]
-    proposer.record(request, 3, 1)
-    assert proposer.propose(request, 10) == [3]  # k shrank to what was accepted
-    proposer.record(request, 1, 1)
-    assert len(proposer.propose(request, 10)) == 2  # and grows by one after a full accept
-    proposer.record(request, 2, 0)  # accepting too little on average: two steps of rest
-    assert [len(proposer.propose(request, 10)) for _ in range(3)] == [0, 0, 3]
+    request = Request("r", [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3], SamplingParams())
+    assert proposer.propose(request, 10) == [4, 5, 6, 1]  # a fresh start: the full k
+    proposer.record(request, 4, 4)
+    proposer.record(request, 4, 1)  # one accepted, but 2.5 a verification of late
+    assert len(proposer.propose(request, 10)) == 3  # one more than the average
     proposer.record(request, 3, 0)
-    proposer.record(request, 1, 0)  # failing again from a fresh start: twice the rest
-    assert [len(proposer.propose(request, 10)) for _ in range(5)] == [0, 0, 0, 0, 3]
+    assert len(proposer.propose(request, 10)) == 3
+    proposer.record(request, 3, 0)  # accepting too little on average: two steps of rest
+    assert [len(proposer.propose(request, 10)) for _ in range(3)] == [0, 0, 4]
+    proposer.record(request, 4, 0)
+    assert len(proposer.propose(request, 10)) == 2
+    proposer.record(request, 2, 0)  # failing again from a fresh start: twice the rest
+    assert [len(proposer.propose(request, 10)) for _ in range(5)] == [0, 0, 0, 0, 4]
     proposer.forget(request)
     assert not proposer._state  # noqa: SLF001 - bounded: nothing kept for ended requests
 
