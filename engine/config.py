@@ -74,16 +74,21 @@ class EngineConfig:
     cpu_fused_decode: bool = True
     # Speculative decoding: "ngram" proposes up to num_speculative_tokens tokens per
     # decoding request and step from its own prompt and output (engine.speculative),
-    # verified exactly in the step; None: off.
+    # verified exactly in the step; None: off. k = 3 by default: with the token the step
+    # samples anyway a verification is 4 rows, one tile of the CPU's int8 dots (their
+    # rows share the weights' unpacking 4 at a time); a fifth row costs a one-row pass of
+    # its own, ~0.6 of a decode step, more than the 4th proposed token earns back
+    # (docs/benchmarks.md, "Speculative decoding at c=1").
     speculative: str | None = None
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = 3
     # Most decode rows (each decoding request's token and the tokens proposed after it) a
     # step fills with proposals: a few rows cost little more than one (the weights are
     # read once for all), but a batch past that is compute-bound and each row pays its own
     # multiply-adds, more than a proposal that is often rejected earns back. Proposals
     # take only the rows the decoding requests leave, so speculation backs off as the
-    # batch grows and stops at this many; None: no limit.
-    speculative_max_rows: int | None = 5
+    # batch grows and stops at this many (4: one request's token and its full k); None:
+    # no limit.
+    speculative_max_rows: int | None = 4
     # With speculative: the output tokens of this model's recently finished requests the
     # proposer also searches when a request's own tokens give no proposal (an agent quoting
     # another session's tool result); 4 bytes a token, a lookup reads them all; 0: off.

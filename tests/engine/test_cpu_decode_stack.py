@@ -62,8 +62,9 @@ def test_verification_steps_go_through_the_stack_bit_for_bit():
     through the stack, each row attending to its sequence's context up to itself."""
     # No history of finished outputs: the two runs compared must propose alike, and the
     # second would otherwise find the first's outputs (other rows, other roundings).
+    # No row limit: every sequence verifies proposals (the stack's rows, not the back-off).
     llm = LLM(model="default", device="cpu", max_num_batched_tokens=512, speculative="ngram",
-              speculative_history_tokens=0)
+              speculative_history_tokens=0, speculative_max_rows=None)
     text = "one two three four five six seven eight nine ten"
     prompts = [llm.core.encode_chat([{"role": "user", "content": p}]) for p in (
         f"Repeat exactly: {text}", f"Repeat twice: {text}", "Count from 1 to 30 in digits.")]

@@ -106,6 +106,6 @@ def test_verification_steps_run_the_gemma_stack_with_the_forwards_bits():
     # No history of finished outputs: the runs compared must propose alike, and the second
     # would otherwise find the first's outputs (other rows, other roundings).
     gemma = LLM(model=WHEEL, device="cpu", max_num_batched_tokens=1024, speculative="ngram",
-                speculative_history_tokens=0)
+                speculative_history_tokens=0, speculative_max_rows=None)
     long_ids = gemma.tokenizer.encode(LONG)[:WINDOW + 8]
     assert_same_verifications(gemma, [PROMPTS[3], long_ids])
