@@ -1,28 +1,34 @@
 """Speculative decoding at c=1: output tokens/s with `speculative="ngram"` beside without
-it, on copy-heavy prompts (repeat, edit or reformat a given text) and on open chat, one
-request at a time, the two engines alternating prompt by prompt on the same box; prints
-the ratio, the acceptance rate and the mean accepted length (proposed tokens accepted per
+it, on the load tester's copy-heavy dataset (`tokenwire loadtest --dataset copy`: repeat,
+rewrite, rename in a file, quote an agent's tool output; ~256 tokens in), on short edit
+prompts (repeat, edit or reformat a short text) and on open chat, one request at a time,
+the two engines alternating prompt by prompt on the same box; prints the ratio of output
+tokens/s from submit to the last token and of tokens/s after the first (1 / TPOT), the
+acceptance rate and the mean accepted length (proposed tokens accepted per
 verification), then each engine's median step time by the proposed tokens a step verified
 (0: a plain decode step; steps with prefill rows left out).
 
-With `--batch-sizes`, each batch size c > 1 runs the copy-heavy prompts c at a time instead
+With `--batch-sizes`, each batch size c > 1 runs c copy-heavy prompts at a time instead
 (one `generate` call of c prompts, batched continuously), the two engines alternating round
 by round, and prints the same figures per c, then each engine's decode steps: their median
 time, rows (tokens computed), ms per row and tokens sampled per step.
 
-    python -m loadtest.spec_bench [--max-tokens 128] [--num-speculative-tokens 4]
+    python -m loadtest.spec_bench [--max-tokens 128] [--num-speculative-tokens 3]
                                   [--batch-sizes 1,8,32] [--rounds 3]
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
+import random
 import statistics
 import time
 from collections import defaultdict
 
 from engine import LLM, EngineConfig, SamplingParams
 from engine.llm import set_num_threads
+from loadtest.copy_dataset import copy_prompts
 from loadtest.machine import cpu_model, git_commit
 
 PARAGRAPH = ("tokenwire is a realtime LLM streaming gateway: an aiohttp server holds "
@@ -33,7 +39,7 @@ CODE = ("def mean(values):\n    total = 0\n    for value in values:\n        tot
         "    return total / len(values)\n\n\ndef variance(values):\n    m = mean(values)\n"
         "    return sum((v - m) ** 2 for v in values) / len(values)\n")
 ITEMS = "red apples, green pears, ripe plums, dark cherries, soft apricots, sweet figs"
-COPY_HEAVY = [
+SHORT_EDITS = [
     f"Repeat this text exactly: {PARAGRAPH}",
     f"Rewrite this paragraph, replacing 'tokenwire' with 'the gateway':\n{PARAGRAPH}",
     f"Add a docstring to each function and return the whole code:\n{CODE}",
@@ -53,6 +59,9 @@ CHAT = [
     "Describe your ideal city in a few sentences.",
     "What should I consider when adopting a dog?",
 ]
+
+
+REQUEST_IDS = itertools.count()
 
 
 class StepTimes:
@@ -98,23 +107,35 @@ class StepTimes:
                 f"{1e3 * sum(sampled) / sum(ms):.1f} tokens/s in steps")
 
 
-def run_one(llm: LLM, prompt: list[int], params: SamplingParams) -> tuple[int, float]:
-    """One request alone: (output tokens, seconds from submit to its last token)."""
+def run_one(llm: LLM, prompt: list[int], params: SamplingParams) -> tuple[int, float, float]:
+    """One request alone: (output tokens, seconds from submit to its last token, seconds
+    from its first token to its last)."""
     start = time.perf_counter()
-    out = llm.generate([prompt], params)[0]
-    return len(out.token_ids), time.perf_counter() - start
+    llm.core.add_request(f"spec-bench-{next(REQUEST_IDS)}", prompt, params)
+    tokens, first = 0, None
+    while llm.core.has_work():
+        for out in llm.core.step():
+            tokens += len(out.new_token_ids)
+            if first is None and tokens:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return tokens, end - start, end - first
 
 
 def compare(off: LLM, on: LLM, prompts: list[str], params: SamplingParams) -> dict:
     ids = [off.core.encode_chat([{"role": "user", "content": p}]) for p in prompts]
     before = on.core.stats()
     totals = {"off": [0, 0.0], "on": [0, 0.0]}
+    decode = {"off": [0, 0.0], "on": [0, 0.0]}  # tokens after the first, and their seconds
     for prompt in ids:  # alternate, so both see the same load on a shared box
         for name, llm in (("off", off), ("on", on)):
-            tokens, seconds = run_one(llm, prompt, params)
+            tokens, seconds, after_first = run_one(llm, prompt, params)
             totals[name][0] += tokens
             totals[name][1] += seconds
-    return summarize(totals, before, on.core.stats())
+            decode[name][0] += tokens - 1
+            decode[name][1] += after_first
+    return {**summarize(totals, before, on.core.stats()),
+            "decode": {name: n / t for name, (n, t) in decode.items()}}
 
 
 def summarize(totals: dict, before, after) -> dict:
@@ -129,11 +150,16 @@ def summarize(totals: dict, before, after) -> dict:
             "tokens": (totals["off"][0], totals["on"][0])}
 
 
-def batch_prompts(llm: LLM, c: int) -> list[list[int]]:
-    """c copy-heavy prompts, cycling the dataset; each copy opens with its own number so
-    no two share a prompt (and an output) whole."""
-    texts = [f"Request {i + 1}. {COPY_HEAVY[i % len(COPY_HEAVY)]}" for i in range(c)]
-    return [llm.core.encode_chat([{"role": "user", "content": t}]) for t in texts]
+def copy_heavy(llm: LLM, num: int, max_tokens: int) -> list[str]:
+    """`num` prompts of the load tester's copy-heavy dataset (seed 0, ~256 tokens in)."""
+    prompts = copy_prompts(num, 256, max_tokens, 0.0, random.Random(0), llm.core.tokenizer)
+    return [p.text for p in prompts]
+
+
+def batch_prompts(llm: LLM, c: int, max_tokens: int) -> list[list[int]]:
+    """c prompts of the copy-heavy dataset, each its own task and text."""
+    return [llm.core.encode_chat([{"role": "user", "content": t}])
+            for t in copy_heavy(llm, c, max_tokens)]
 
 
 def run_batch(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[int, float]:
@@ -146,7 +172,7 @@ def run_batch(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tup
 def compare_batched(off: LLM, on: LLM, c: int, rounds: int, params: SamplingParams) -> dict:
     """Both engines run the same c prompts at once, `rounds` times, alternating which goes
     first; the figures of `compare` plus each round's ratio."""
-    prompts = batch_prompts(off, c)
+    prompts = batch_prompts(off, c, params.max_tokens)
     before = on.core.stats()
     totals = {"off": [0, 0.0], "on": [0, 0.0]}
     ratios = []
@@ -166,7 +192,10 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="default")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--copy-prompts", type=int, default=8,
+                   help="prompts drawn from the copy-heavy dataset (seed 0, ~256 tokens in)")
+    p.add_argument("--num-speculative-tokens", type=int,
+                   default=config_default("num_speculative_tokens"))
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--batch-sizes", type=batch_sizes, default=[1],
                    help="comma-separated; 1: the c=1 comparison, c > 1: c copy-heavy "
@@ -193,11 +222,17 @@ def main(argv=None) -> None:
 def print_single(off: LLM, on: LLM, params: SamplingParams, steps: dict, args) -> None:
     print(f"CPU: {cpu_model()}; commit {git_commit()}; greedy, max_tokens {args.max_tokens}, "
           f"k <= {args.num_speculative_tokens}, c=1")
-    print(f"{'dataset':<12}{'off tok/s':>10}{'on tok/s':>10}{'ratio':>8}"
-          f"{'accept':>8}{'acc.len':>8}  tokens (off, on)")
-    for name, prompts in (("copy-heavy", COPY_HEAVY), ("chat", CHAT)):
+    print("tok/s: output tokens per second from submit to the last token; decode: after the "
+          "first token (1 / TPOT), the prefill left out")
+    print(f"{'dataset':<12}{'off tok/s':>10}{'on tok/s':>10}{'ratio':>8}{'decode off':>11}"
+          f"{'on':>7}{'ratio':>8}{'accept':>8}{'acc.len':>8}  tokens (off, on)")
+    copy = copy_heavy(off, args.copy_prompts, args.max_tokens)
+    for name, prompts in (("copy-heavy", copy), ("short edit", SHORT_EDITS),
+                          ("chat", CHAT)):
         r = compare(off, on, prompts, params)
+        d = r["decode"]
         print(f"{name:<12}{r['off']:>10.1f}{r['on']:>10.1f}{r['on'] / r['off']:>7.2f}x"
+              f"{d['off']:>11.1f}{d['on']:>7.1f}{d['on'] / d['off']:>7.2f}x"
               f"{r['acceptance']:>8.2f}{r['accepted_length']:>8.2f}  {r['tokens']}")
     print("median step ms by proposed tokens verified (steps):")
     for name, times in steps.items():
