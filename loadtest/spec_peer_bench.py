@@ -1,5 +1,6 @@
 """Speculative decoding against llama.cpp (issue 38, must-show 4): c=1 TPOT on copy-heavy
-chat prompts (`--dataset copy`), each server with its n-gram speculation off and on, the
+chat prompts (the load tester's `--dataset copy`; `--dataset random` for chat that repeats
+nothing), each server with its n-gram speculation off and on, the
 same GGUF (the default model's) and the same client (OpenAI chat completions, greedy).
 
     python -m loadtest.spec_peer_bench [--num-prompts 8] [--input-len 256]
@@ -21,6 +22,7 @@ import sys
 
 from loadtest.config import LoadTestConfig
 from loadtest.copy_dataset import copy_prompts
+from loadtest.datasets import random_prompts
 from loadtest.llama_server import LlamaServer, find_llama_server
 from loadtest.machine import cpu_model, git_commit
 from loadtest.peer_bench import peer_gguf
@@ -33,12 +35,17 @@ PEER_SPEC_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", choices=("copy", "random"), default="copy",
+                   help="the load tester's copy-heavy prompts, or its random ones (chat "
+                        "that repeats nothing: speculation must not cost it)")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--num-threads", type=int, default=2)
-    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--num-speculative-tokens", type=int, default=3,
+                   help="k on both sides, tokenwire's default (llama-server's draft "
+                        "length set to it)")
     p.add_argument("--peer-spec-type", choices=PEER_SPEC_TYPES, default="ngram-mod",
                    help="llama-server's --spec-type for its speculating side")
     p.add_argument("--llama-server", default=None, metavar="PATH")
@@ -99,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         print("no llama-server found; pass --llama-server or run "
               "scripts/build_llama_server.sh", file=sys.stderr)
         return 2
-    prompts = copy_prompts(args.num_prompts, args.input_len, args.output_len, 0.0,
+    make_prompts = copy_prompts if args.dataset == "copy" else random_prompts
+    prompts = make_prompts(args.num_prompts, args.input_len, args.output_len, 0.0,
                            random.Random(args.seed), load_tokenizer("default"))
     sides = servers(args, binary)
     rounds: dict[str, list[dict]] = {name: [] for name in sides}
@@ -115,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {name} round {r + 1}: {rounds[name][-1]}", file=sys.stderr)
         after = spec_counters(urls["tokenwire ngram"])
     spec = {k: after[k] - before[k] for k in after}
-    report = {"cpu": cpu_model(), "commit": git_commit(), "threads": args.num_threads, "prompts": args.num_prompts,
+    report = {"cpu": cpu_model(), "commit": git_commit(), "threads": args.num_threads,
+              "dataset": args.dataset, "prompts": args.num_prompts,
               "input_len": args.input_len, "output_len": args.output_len,
               "rounds": args.rounds, "llama_server": binary, "spec": spec,
               "sides": {name: median(runs) for name, runs in rounds.items()}}
@@ -133,9 +142,10 @@ def median(runs: list[dict]) -> dict:
 def format_report(r: dict, peer_spec: str) -> str:
     s = r["sides"]
     spec = r["spec"]
-    lines = [f"c=1 on {r['prompts']} copy-heavy chat prompts (~{r['input_len']} in, up to "
-             f"{r['output_len']} out, greedy), {r['threads']} threads, {r['cpu']}; medians "
-             f"of {r['rounds']} rotating rounds, commit {r['commit']}",
+    title = (f"c=1 on {r['prompts']} {r['dataset']} chat prompts (~{r['input_len']} in, up "
+             f"to {r['output_len']} out, greedy), {r['threads']} threads, {r['cpu']}; "
+             f"medians of {r['rounds']} rotating rounds, commit {r['commit']}")
+    lines = [title,
              "| server | TPOT | by round | output tok/s | failed |",
              "| --- | --- | --- | --- | --- |"]
     for name, row in s.items():
@@ -144,8 +154,10 @@ def format_report(r: dict, peer_spec: str) -> str:
                      f"{row['output_tok_per_s']:.1f} | {row['failed']} |")
     ours, theirs = s["tokenwire ngram"], s[f"llama.cpp {peer_spec}"]
     lines.append(f"speculation on/off: tokenwire "
-                 f"{s['tokenwire']['mean_tpot_ms'] / ours['mean_tpot_ms']:.2f}x, llama.cpp "
-                 f"{s['llama.cpp']['mean_tpot_ms'] / theirs['mean_tpot_ms']:.2f}x; "
+                 f"{s['tokenwire']['mean_tpot_ms'] / ours['mean_tpot_ms']:.2f}x TPOT, "
+                 f"{ours['output_tok_per_s'] / s['tokenwire']['output_tok_per_s']:.2f}x "
+                 f"output tok/s; llama.cpp "
+                 f"{s['llama.cpp']['mean_tpot_ms'] / theirs['mean_tpot_ms']:.2f}x TPOT; "
                  f"tokenwire ngram vs llama.cpp {peer_spec}: "
                  f"{theirs['mean_tpot_ms'] / ours['mean_tpot_ms']:.2f}x faster")
     if spec["drafts"]:
