@@ -36,8 +36,8 @@ PEER_SPEC_TYPES = ("ngram-mod", "ngram-simple", "ngram-map-k")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=("copy", "random"), default="copy",
-                   help="the load tester's copy-heavy prompts, or its random ones (chat "
-                        "that repeats nothing: speculation must not cost it)")
+                   help="the load tester's copy-heavy prompts, or its random ones "
+                        "(random token text: the default model often loops on it)")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
