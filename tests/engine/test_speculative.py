@@ -5,6 +5,7 @@ import random
 import pytest
 import torch
 from logprob_tolerance import logprob_tolerance
+from test_hf_parity import PROMPTS as PARITY_PROMPTS
 
 from engine import LLM, SamplingParams
 from engine.block_manager import BlockManager
@@ -20,7 +21,6 @@ from engine.speculative.verify import sample_verified
 from engine.step_scheduler import StepScheduler
 from loadtest.copy_dataset import copy_prompts
 from loadtest.logprob_error import first_difference
-from test_hf_parity import PROMPTS as PARITY_PROMPTS
 
 TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor "
         "jugs. How vexingly quick daft zebras jump!")
@@ -99,7 +99,7 @@ def test_k_follows_the_average_accepted_and_a_failing_request_rests_longer_each_
     proposer.record(request, 2, 0)  # failing again from a fresh start: twice the rest
     assert [len(proposer.propose(request, 10)) for _ in range(5)] == [0, 0, 0, 0, 4]
     proposer.forget(request)
-    assert not proposer._state  # noqa: SLF001 - bounded: nothing kept for ended requests
+    assert not proposer._state  # bounded: nothing kept for ended requests
 
 
 def test_rejected_tokens_roll_back_and_no_block_leaks():
