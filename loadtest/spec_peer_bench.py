@@ -1,6 +1,6 @@
 """Speculative decoding against llama.cpp (issue 38, must-show 4): c=1 TPOT on copy-heavy
-chat prompts (the load tester's `--dataset copy`; `--dataset random` for chat that repeats
-nothing), each server with its n-gram speculation off and on, the
+chat prompts (the load tester's `--dataset copy`, or `--dataset random`: random token
+text), each server with its n-gram speculation off and on, the
 same GGUF (the default model's) and the same client (OpenAI chat completions, greedy).
 
     python -m loadtest.spec_peer_bench [--num-prompts 8] [--input-len 256]
