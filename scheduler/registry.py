@@ -225,11 +225,15 @@ class ModelRegistry:
             return
         self._cancel_idle_unload(slot)
         watcher = self._watchers.pop(slot, None)
-        if watcher is not None:  # a clean stop is no death; and its frame holds the engine
+        if watcher is not None:  # a clean stop is no death
             watcher.cancel()
+        # slot.unload marks the slot unloaded before its first await: a hold that comes
+        # while the engine stops then waits for a load of its own, where one that found
+        # the slot still "loaded" would lose the engine under its request
+        await slot.unload()
+        if watcher is not None:  # its frame holds the engine until it ends
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-        await slot.unload()
         start = time.perf_counter()
         _return_memory(slot.loaded_at_freeze)
         log.info("model %s unloaded (its memory returned in %.0f ms)", slot.name,

@@ -70,3 +70,32 @@ async def test_a_model_whose_engine_dies_fails_alone_until_a_load_retries_it():
         assert models.state(b) == "loaded" and b.engine() is not dead and b.loads == 2
     finally:
         await models.stop()
+
+
+async def test_a_hold_during_an_unload_to_make_room_waits_for_its_own_load():
+    """c's load unloads the idle d to fit the budget; a request for d that comes while that
+    unload runs must not find d "loaded" and then lose its engine: it waits for d to load
+    again, after c's hold ends (the race a two-model gateway test met under CI)."""
+    a, c, d = _slot("a", preload=True), _slot("c"), _slot("d")
+    models = ModelRegistry([a, c, d], memory_budget=1)  # one model beside the default
+    try:
+        await models.load(a)
+        await models.hold(d)
+        models.release(d)
+        # A tiny model's RSS growth can be 0 where the heap reuses memory freed by earlier
+        # tests: its footprint as measured is set, so c (taken to be as large) must unload d.
+        d.memory_bytes = 1 << 20
+        assert d.loaded
+        loading_c = asyncio.create_task(models.hold(c))
+        while d.loaded and d in models._watchers:  # the unload's first step
+            await asyncio.sleep(0)
+        holding_d = asyncio.create_task(models.hold(d))
+        await loading_c
+        await asyncio.sleep(0.1)
+        assert c.loaded and not holding_d.done()  # d waits while c is held
+        models.release(c)
+        await asyncio.wait_for(holding_d, 60)
+        assert d.loaded and d.engine() is not None and not c.loaded
+        models.release(d)
+    finally:
+        await models.stop()
