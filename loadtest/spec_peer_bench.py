@@ -43,9 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--num-threads", type=int, default=2)
-    p.add_argument("--num-speculative-tokens", type=int, default=3,
-                   help="k on both sides, tokenwire's default (llama-server's draft "
-                        "length set to it)")
+    p.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="k on both sides (llama-server's draft length set to it); "
+                        "default: tokenwire's")
     p.add_argument("--peer-spec-type", choices=PEER_SPEC_TYPES, default="ngram-mod",
                    help="llama-server's --spec-type for its speculating side")
     p.add_argument("--llama-server", default=None, metavar="PATH")
@@ -100,7 +100,11 @@ def spec_counters(base: str) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # both load torch's engine code: here, not when the module is imported
+    from loadtest.spec_bench import config_default
     from loadtest.tokenizer import load_tokenizer
+    if args.num_speculative_tokens is None:
+        args.num_speculative_tokens = config_default("num_speculative_tokens")
     binary = find_llama_server(args.llama_server)
     if binary is None:
         print("no llama-server found; pass --llama-server or run "
