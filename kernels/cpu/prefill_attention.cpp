@@ -123,54 +123,56 @@ inline __m512 exp_ps(__m512 x) {
 }
 #endif
 
-// One row's online-softmax step over the tile's keys [from, valid) that it sees: its scores
-// become the weights exp(score - new max), zero for the keys it does not see, its running
-// max and sum move on, and it returns the factor its output so far is rescaled by.
+// The tile's scores s of the keys [from, valid) a row sees turned into weights
+// exp(score - new max), the others into 0; returns the new max (of `max` and those scores)
+// and adds the weights to `total`.
 #ifdef __AVX512F__
-inline float weigh_row(float* s, int64_t from, int64_t valid, float& max, float& sum) {
-  if (valid <= from) {
-    std::fill(s, s + kKeys, 0.f);
-    return 1.f;
-  }
-  static_assert(kKeys == 64, "one bit of a 64-bit mask per key");
+inline float exp_weights(float* s, int64_t from, int64_t valid, float max, float& total) {
+  static_assert(kKeys == 64 && kVec == 16, "one bit of a 64-bit mask per key");
   const uint64_t seen = (valid >= 64 ? ~uint64_t(0) : (uint64_t(1) << valid) - 1) &
                         ~((uint64_t(1) << from) - 1);
   __m512 m = _mm512_set1_ps(max);
   for (int c = 0; c < kKeyVecs; ++c)
-    m = _mm512_mask_max_ps(m, __mmask16(seen >> (16 * c)), m, _mm512_loadu_ps(s + 16 * c));
+    m = _mm512_mask_max_ps(m, __mmask16(seen >> (kVec * c)), m, _mm512_loadu_ps(s + kVec * c));
   const float new_max = _mm512_reduce_max_ps(m);
   const __m512 shift = _mm512_set1_ps(new_max);
-  __m512 total = _mm512_setzero_ps();
+  __m512 sum = _mm512_setzero_ps();
   for (int c = 0; c < kKeyVecs; ++c) {
     const __m512 e = _mm512_maskz_mov_ps(
-        __mmask16(seen >> (16 * c)), exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * c), shift)));
-    _mm512_storeu_ps(s + 16 * c, e);
-    total = _mm512_add_ps(total, e);
+        __mmask16(seen >> (kVec * c)), exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + kVec * c), shift)));
+    _mm512_storeu_ps(s + kVec * c, e);
+    sum = _mm512_add_ps(sum, e);
   }
-  const float alpha = std::exp(max - new_max);  // 0 on the row's first keys (kNoMax)
-  max = new_max;
-  sum = sum * alpha + _mm512_reduce_add_ps(total);
-  return alpha;
+  total += _mm512_reduce_add_ps(sum);
+  return new_max;
 }
 #else
+inline float exp_weights(float* s, int64_t from, int64_t valid, float max, float& total) {
+  const float new_max = std::max(max, *std::max_element(s + from, s + valid));
+  for (int64_t j = 0; j < kKeys; ++j) {
+    const float e = std::exp(s[j] - new_max);
+    s[j] = j >= from && j < valid ? e : 0.f;
+    total += s[j];
+  }
+  return new_max;
+}
+#endif
+
+// One row's online-softmax step over the tile's keys [from, valid) that it sees: its scores
+// become the weights exp(score - new max), zero for the keys it does not see, its running
+// max and sum move on, and it returns the factor its output so far is rescaled by.
 inline float weigh_row(float* s, int64_t from, int64_t valid, float& max, float& sum) {
   if (valid <= from) {
     std::fill(s, s + kKeys, 0.f);
     return 1.f;
   }
-  const float new_max = std::max(max, *std::max_element(s + from, s + valid));
-  const float alpha = std::exp(max - new_max);  // 0 on the row's first keys (kNoMax)
   float tile_sum = 0.f;
-  for (int64_t j = 0; j < kKeys; ++j) {
-    const float e = std::exp(s[j] - new_max);
-    s[j] = j >= from && j < valid ? e : 0.f;
-    tile_sum += s[j];
-  }
+  const float new_max = exp_weights(s, from, valid, max, tile_sum);
+  const float alpha = std::exp(max - new_max);  // 0 on the row's first keys (kNoMax)
   max = new_max;
   sum = sum * alpha + tile_sum;
   return alpha;
 }
-#endif
 
 // out[r] = out[r] * alpha[r] + sum_j p[r][j] V[j] for R rows over the tile's `keys` keys:
 // each key one load of its V row and one broadcast per row.
