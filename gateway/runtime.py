@@ -29,7 +29,7 @@ from gateway.tokens import ClientSecrets
 from scheduler.door import Admission, Ask, Scheduler
 from scheduler.models import FAILED, UNLOADED, ModelSlot
 from scheduler.registry import ModelRegistry, ModelUnavailable, UnknownModel
-from scheduler.ticket import InvalidAdmission, Rejected
+from scheduler.ticket import DoorPass, InvalidAdmission, Rejected
 
 T = TypeVar("T")
 
@@ -174,12 +174,13 @@ class Runtime:
             raise RequestError("too_large", str(exc), request_id) from None
 
     def check_door(self, stream: Stream, priority: int, socket: object | None,
-                   owner: str | None) -> None:
+                   owner: str | None) -> DoorPass:
         """Refuse now (a RequestError, as admit's) if admission would refuse even an empty
-        prompt: called before rendering, so a burst's refusals skip the tokenizer's queue."""
+        prompt: called before rendering, so a burst's refusals skip the tokenizer's queue.
+        The pass holds the request's place: close it before `admit`, or on giving up."""
         with self._admission_errors(stream):
-            self.scheduler.check_door(Ask(_kind(stream), priority, 0, socket, owner),
-                                      self.model)
+            return self.scheduler.check_door(Ask(_kind(stream), priority, 0, socket, owner),
+                                             self.model)
 
     async def admit(self, stream: Stream, priority: int, prompt_tokens: int,
                     socket: object | None, owner: str | None) -> Admission:

@@ -12,6 +12,7 @@ the engine's own waiting queue stays short and refusals happen before any work.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections import Counter
@@ -21,7 +22,8 @@ from scheduler.config import SchedulerConfig
 from scheduler.policy import (ADMIT, KINDS, OVERLOADED, REJECT, AdmissionRequest, Decision,
                               Signals, TokenBucket, decide, overload_cause)
 from scheduler.signals import DrainRate, ResourceSampler
-from scheduler.ticket import DONE, QUEUED, RUNNING, InvalidAdmission, Rejected, Ticket
+from scheduler.ticket import (DONE, QUEUED, RUNNING, DoorPass, InvalidAdmission, Rejected,
+                              Ticket)
 
 FINISHED = frozenset({"stop", "length"})  # the finish reasons of completed work
 
@@ -53,6 +55,7 @@ class AdmissionController:
         self._per_key: Counter = Counter()
         self._buckets: dict[str, TokenBucket] = {}
         self._overload: str | None = None
+        self._at_door = 0  # requests past check_door that have not asked for a slot yet
         self._ids = itertools.count()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -99,20 +102,32 @@ class AdmissionController:
         return ticket
 
     def check_door(self, kind: str, priority: int = 0, socket_id=None,
-                   api_key: str | None = None) -> None:
+                   api_key: str | None = None) -> DoorPass:
         """Raise Rejected (or InvalidAdmission) if a request of no prompt tokens would be
         refused now. A longer prompt only makes refusal likelier, so a caller checks this
         before the work of rendering and tokenizing a prompt that would be refused anyway:
-        a burst is then refused at the loop's latency, not behind the tokenizer's queue."""
-        self._decide(kind, priority, 0, socket_id, api_key, self.clock())
+        a burst is then refused at the loop's latency, not behind the tokenizer's queue.
+
+        The pass it returns holds the request's place until it asks for its slot
+        (`try_admit`) or gives up: close it then. A burst whose frames all arrive before
+        the first prompt is rendered is thereby refused at the door beyond the slots and
+        queue places it can get, not after rendering."""
+        self._decide(kind, priority, 0, socket_id, api_key, self.clock(),
+                     at_door=self._at_door)
+        self._at_door += 1
+        return DoorPass(self)
 
     def _decide(self, kind: str, priority: int, prompt_tokens: int, socket_id,
-                api_key: str | None, now: float) -> Decision:
-        """The policy's admit or queue decision; a refusal is counted and raised."""
+                api_key: str | None, now: float, at_door: int = 0) -> Decision:
+        """The policy's admit or queue decision; a refusal is counted and raised. The
+        `at_door` requests (past the door, still rendering) count as ahead of this one."""
         self._check_args(kind, priority, prompt_tokens, api_key)
         signals = self.signals()
         self._update_overload(signals)
         ahead, ahead_tokens = self._ahead((KINDS.index(kind), -priority))
+        if at_door:
+            signals, ahead = _places_taken(signals, ahead, at_door,
+                                           self.config.max_running_requests)
         request = AdmissionRequest(
             kind, priority, prompt_tokens,
             socket_inflight=self._per_socket[socket_id] if socket_id is not None else 0,
@@ -177,6 +192,11 @@ class AdmissionController:
     @property
     def num_waiting(self) -> int:
         return self._num_queued
+
+    @property
+    def num_at_door(self) -> int:
+        """Requests past the door that have not asked for a slot yet (open passes)."""
+        return self._at_door
 
     @property
     def overloaded(self) -> str | None:
@@ -309,3 +329,13 @@ def _decrement(counter: Counter, key) -> None:
     counter[key] -= 1
     if counter[key] <= 0:
         del counter[key]  # so per-socket counts do not outlive their sockets
+
+
+def _places_taken(signals: Signals, ahead: int, at_door: int,
+                  max_running: int) -> tuple[Signals, int]:
+    """`signals` and the queued count ahead as if `at_door` requests had asked for their
+    slots: free slots first, the rest queued ahead (their prompt sizes are not known yet)."""
+    running = signals.num_running + at_door
+    queued = max(0, running - max_running)
+    return (dataclasses.replace(signals, num_running=running - queued,
+                                num_waiting=signals.num_waiting + queued), ahead + queued)

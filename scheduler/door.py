@@ -26,7 +26,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.models import ModelSlot
 from scheduler.registry import ModelRegistry
 from scheduler.signals import ResourceSampler
-from scheduler.ticket import Ticket
+from scheduler.ticket import DoorPass, Ticket
 
 if TYPE_CHECKING:
     from engine import EngineStats, RequestOutput, SamplingParams
@@ -116,12 +116,13 @@ class Scheduler:
             raise
         return Admission(ticket, model)
 
-    def check_door(self, ask: Ask, model: ModelSlot | None = None) -> None:
+    def check_door(self, ask: Ask, model: ModelSlot | None = None) -> DoorPass:
         """Raise Rejected (or InvalidAdmission) if `model`'s door (the default's: None)
         refuses even an empty prompt now: checked before a prompt is rendered, so a
-        refusal costs no tokenizer time."""
-        self.admissions[model or self.model].check_door(ask.kind, ask.priority, ask.socket,
-                                                       ask.owner)
+        refusal costs no tokenizer time. The pass holds the request's place until it
+        asks for its slot (`admit`) or gives up: the caller closes it then."""
+        return self.admissions[model or self.model].check_door(ask.kind, ask.priority,
+                                                              ask.socket, ask.owner)
 
     def refuse_queued(self, code: str, retry_after_ms: int, message: str) -> None:
         """Refuse every request still waiting for an engine slot (a drain's deadline)."""

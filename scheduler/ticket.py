@@ -29,6 +29,21 @@ class InvalidAdmission(ValueError):
         self.field = field
 
 
+class DoorPass:
+    """A request let past the door that has not asked for its slot yet (its prompt is
+    rendering): later arrivals count it ahead of them until `close()`. Idempotent."""
+
+    __slots__ = ("_controller",)
+
+    def __init__(self, controller):
+        self._controller = controller
+
+    def close(self) -> None:
+        if self._controller is not None:
+            self._controller._at_door -= 1
+            self._controller = None
+
+
 class Ticket:
     """One admitted request: queued until granted an engine slot, running until released."""
 

@@ -1,6 +1,7 @@
 """A request on a socket, whatever its wire format: render, admit, stream, done.
 
-    rt.check_door(...)         -> refused at once if even an empty prompt would be
+    rt.check_door(...)         -> refused at once if even an empty prompt would be (the
+                                  pass holds the request's place until it asks admit)
     rt.using_model(...)        -> its model held loaded (the protocol's loading frame first
                                   when it must load)
     render(stream, max_tokens) -> prompt ids (None: the request was answered already)
@@ -39,13 +40,15 @@ async def run_request(core: SocketCore, stream: Stream, render: Render,
     async with contextlib.AsyncExitStack() as held:
         admission = None
         try:
-            core.rt.check_door(stream, params.priority, core, owner)
+            door_pass = core.rt.check_door(stream, params.priority, core, owner)
+            held.callback(door_pass.close)  # however the request ends before admit
             # The request's model, held loaded until the request ends (released last).
             stream.model = await held.enter_async_context(
                 core.rt.using_model(stream.id, lambda model: _loading(core, stream, model)))
             prompt = await render(stream, params.max_tokens)
             if prompt is None:
                 return
+            door_pass.close()  # its place is now asked for as a slot
             admission = await core.rt.admit(stream, params.priority, len(prompt), core, owner)
             stream.admitted = time.perf_counter()
             stream.logprobs = params.logprobs is not None

@@ -23,6 +23,7 @@ from engine.config import EngineConfig
 from gateway.app import build_app, make_runner
 from gateway.cli.server import freeze_startup_heap
 from gateway.config import GatewayConfig
+from gateway.runtime import RUNTIME
 from gateway.sessions.store import SessionStore
 from scheduler.config import SchedulerConfig
 from scheduler.door import Scheduler
@@ -91,14 +92,22 @@ class ServerThread:
         self._thread.join(10)
 
     def all_blocks_free(self, timeout: float = 10.0) -> bool:
-        """Whether every KV block is back in the free pool (waits up to timeout)."""
+        """Whether every KV block is back in the free pool and no app's door still holds a
+        place for a request that ended (waits up to timeout)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             s = self.engine.stats()
-            if s.num_free_blocks == s.num_total_blocks and not s.num_running:
+            if (s.num_free_blocks == s.num_total_blocks and not s.num_running
+                    and not any(self._door_places(app) for app in list(self.apps.values()))):
                 return True
             time.sleep(0.05)
         return False
+
+    @staticmethod
+    def _door_places(app: web.Application) -> int:
+        """Admission's open passes and slots, over the app's models."""
+        return sum(a.num_at_door + a.num_running
+                   for a in app[RUNTIME].scheduler.admissions.values())
 
 
 @pytest.fixture(scope="session")

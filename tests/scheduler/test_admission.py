@@ -262,7 +262,7 @@ async def test_priority_is_capped_per_key():
 
 async def test_check_door_refuses_what_an_empty_prompt_would_not_get():
     ctl, _, _ = make(max_running_requests=1, max_waiting_requests=1)
-    ctl.check_door("chat")  # a free slot: open, and nothing is taken
+    ctl.check_door("chat").close()  # a free slot: open; its place given back unused
     assert ctl.num_running == 0 and ctl.num_waiting == 0
     running, queued = ctl.try_admit("chat"), ctl.try_admit("chat")
     assert (running.state, queued.state) == ("running", "queued")
@@ -274,3 +274,28 @@ async def test_check_door_refuses_what_an_empty_prompt_would_not_get():
         ctl.check_door("chat", priority=99)
     ctl.release(queued)
     ctl.check_door("chat")  # a place in the queue again
+
+
+async def test_a_pass_holds_its_place_until_closed():
+    """A burst's frames all reach the door before any prompt is rendered: the passes
+    given so far take the slots, then the queue places, and the rest are refused there."""
+    ctl, _, _ = make(max_running_requests=2, max_waiting_requests=1, initial_drain_rps=None)
+    passes = [ctl.check_door("generate"), ctl.check_door("generate")]  # the two slots
+    with pytest.raises(Rejected, match="not measured"):  # nowhere to queue with no rate
+        ctl.check_door("generate")
+    passes[0].close()
+    passes[0].close()  # idempotent: one place given back, not two
+    passes[0] = ctl.check_door("generate")
+    with pytest.raises(Rejected):
+        ctl.check_door("generate")
+    for p in passes:
+        p.close()
+    # With a drain rate: two slots, then the one queue place, then refused.
+    ctl, _, _ = make(max_running_requests=2, max_waiting_requests=1)
+    passes = [ctl.check_door("chat") for _ in range(3)]
+    with pytest.raises(Rejected, match="waiting queue is full"):
+        ctl.check_door("chat")
+    # A pass turned into a slot request gives its place to the ticket.
+    passes.pop().close()
+    ticket = ctl.try_admit("chat")
+    assert ticket.state == "running" and ctl.num_waiting == 0
