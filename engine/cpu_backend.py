@@ -17,12 +17,16 @@ class CpuAttention(TorchAttention):
     cache in C++ (no gathered or per-head repeated copy of the context; each K/V row read
     once for all query heads of its group; all prefill requests in one call) and new K/V
     rows stored in one C++ call; with a sliding window, tokens before it are never read.
-    Other dtypes and head sizes keep the torch path."""
+    Other dtypes and head sizes keep the torch path. prefill_bf16: prefill/extend rows
+    multiply in bf16 (kernels.cpu.prefill_attention_bf16 chooses); decode rows, a
+    speculative verification's included, stay fp32."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels, *,
-                 window: int | None = None, scale: float | None = None):
+                 window: int | None = None, scale: float | None = None,
+                 prefill_bf16: bool = False):
         super().__init__(num_heads, num_kv_heads, head_dim, window=window, scale=scale)
         self.kernels = kernels
+        self.prefill_bf16 = prefill_bf16
 
     def _prefill_in_cpp(self, dtype: torch.dtype) -> bool:
         return dtype == torch.float32 and self.head_dim in ATTENTION_HEAD_DIMS
@@ -38,7 +42,8 @@ class CpuAttention(TorchAttention):
         nd = meta.num_decodes
         self.kernels.paged_prefill_attention(out, q, k_cache, v_cache, meta.block_tables[nd:],
                                              meta.query_start_loc[nd:], meta.seq_lens[nd:],
-                                             self.scale, self.window or 0)
+                                             self.scale, self.window or 0,
+                                             self.prefill_bf16)
 
     def attend_qkv(self, qkv, positions, cos_sin_cache, kv_cache, meta: AttentionMetadata):
         """qkv [T, (H + 2 Hkv) * D] -> [T, H * D]: rope and the K/V store in one C++ pass

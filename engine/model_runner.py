@@ -26,6 +26,7 @@ from engine.models.llama import LlamaModel
 from engine.ops import TorchOps
 from engine.outputs import SampledToken
 from engine.quant.linear import quant_aware
+from engine.quant.weights import QuantWeight
 from engine.sampler import Sampler
 from engine.speculative.verify import sample_verified
 from engine.step_scheduler import ScheduledBatch
@@ -41,7 +42,8 @@ class ModelRunner:
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype()
         c = loaded.config
-        make_attention, ops = self._backends(c)
+        make_attention, ops = self._backends(c, quantized=any(
+            isinstance(w, QuantWeight) for w in loaded.weights.values()))
         model_class = Gemma3Model if c.architecture == "gemma3" else LlamaModel
         self.model = model_class(c, loaded.weights, make_attention, ops,
                                  max_positions=max_model_len,
@@ -58,8 +60,9 @@ class ModelRunner:
         self.decode_stack = CpuDecodeStack.build(self.model) if config.cpu_fused_decode \
             else None
 
-    def _backends(self, c):
-        """(make_attention(window), ops) for this device and backend."""
+    def _backends(self, c, quantized: bool):
+        """(make_attention(window), ops) for this device and backend; quantized: the
+        model's weights are (some of them) quantized."""
         shape = (c.num_heads, c.num_kv_heads, c.head_dim)
         if self.config.use_triton():
             from engine.triton_backend import TritonAttention, TritonOps
@@ -68,7 +71,8 @@ class ModelRunner:
         if self.device.type == "cpu" and self.config.attention_backend in ("auto", "cpu"):
             kernels = cpu_kernels.load()
             if kernels is not None:
-                cpu = functools.partial(CpuAttention, kernels=kernels)
+                bf16 = cpu_kernels.prefill_attention_bf16(kernels, quantized)
+                cpu = functools.partial(CpuAttention, kernels=kernels, prefill_bf16=bf16)
                 return functools.partial(_attention, cpu, shape, c), CpuOps(kernels)
             if self.config.attention_backend == "cpu":
                 raise RuntimeError("attention_backend='cpu': the C++ kernels failed to build "

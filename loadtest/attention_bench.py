@@ -1,7 +1,8 @@
 """CPU prefill/extend attention, the engine's two backends side by side in one run:
 torch (SDPA per request over gathered, head-repeated K/V) and cpu (the C++ kernel reading
-the paged cache). Checks both give the same output first, then prints the best-of-N time
-per layer call, GFLOP/s and the ratio.
+the paged cache), the latter in fp32 and, where the CPU has AVX-512 BF16, with bf16
+products. Checks they give the same output first (bf16 within its rounding), then prints
+the best-of-N time per layer call, GFLOP/s and the ratios.
 
     python -m loadtest.attention_bench            # SmolLM2-135M's heads (9 q, 3 kv, D 64)
     python -m loadtest.attention_bench --heads 4 1 256 --window 512   # Gemma 3 270M's local layers
@@ -58,17 +59,26 @@ def causal_flops(seq_lens, q_lens, num_heads, head_dim, window=None) -> float:
 
 
 def run_case(kernels, seq_lens, q_lens, heads, repeats, window=None) -> dict[str, float]:
-    """Best seconds per call of each backend's prefill path, after checking they agree."""
+    """Best seconds per call of each backend's prefill path, after checking they agree
+    (bf16 within its rounding); the backends take turns, repeats times."""
     q, k, v, (k_cache, v_cache), meta = paged_step(seq_lens, q_lens, *heads)
     backends = {"torch": TorchAttention(*heads, window=window),
                 "cpu": CpuAttention(*heads, kernels, window=window)}
+    if kernels.prefill_attention_has_bf16():
+        backends["cpu bf16"] = CpuAttention(*heads, kernels, window=window, prefill_bf16=True)
     outs = {name: torch.empty_like(q) for name in backends}
     calls = {name: (lambda a=a, o=outs[name]: a._prefill(q, k, v, k_cache, v_cache, meta, o))
              for name, a in backends.items()}
     for call in calls.values():
         call()
     torch.testing.assert_close(outs["cpu"], outs["torch"], rtol=1e-4, atol=1e-4)
-    return {name: best_time(call, q.device, repeats) for name, call in calls.items()}
+    if "cpu bf16" in outs:
+        torch.testing.assert_close(outs["cpu bf16"], outs["torch"], rtol=2e-2, atol=2e-2)
+    best = {name: float("inf") for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            best[name] = min(best[name], best_time(call, q.device, 1))
+    return best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,13 +93,19 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("the C++ CPU kernels did not build here")
     print(f"prefill attention per layer call, {torch.get_num_threads()} threads, heads "
           f"{args.heads[0]}/{args.heads[1]}, head_dim {args.heads[2]}, window {args.window}, fp32")
-    print(f"{'case':<32}{'torch ms':>10}{'cpu ms':>9}{'torch GF/s':>12}{'cpu GF/s':>10}{'speed-up':>10}")
+    bf16 = kernels.prefill_attention_has_bf16()
+    print(f"{'case':<32}{'torch ms':>10}{'cpu ms':>9}{'torch GF/s':>12}{'cpu GF/s':>10}{'speed-up':>10}"
+          + (f"{'bf16 ms':>9}{'bf16 GF/s':>11}{'bf16/cpu':>10}" if bf16 else "  (no AVX-512 BF16: no bf16 column)"))
     for what, seq_lens, q_lens in CASES:
         t = run_case(kernels, seq_lens, q_lens, args.heads, args.repeats, args.window)
         flops = causal_flops(seq_lens, q_lens, args.heads[0], args.heads[2], args.window)
-        print(f"{what:<32}{1e3 * t['torch']:>10.2f}{1e3 * t['cpu']:>9.2f}"
-              f"{flops / t['torch'] / 1e9:>12.1f}{flops / t['cpu'] / 1e9:>10.1f}"
-              f"{t['torch'] / t['cpu']:>9.2f}x")
+        line = (f"{what:<32}{1e3 * t['torch']:>10.2f}{1e3 * t['cpu']:>9.2f}"
+                f"{flops / t['torch'] / 1e9:>12.1f}{flops / t['cpu'] / 1e9:>10.1f}"
+                f"{t['torch'] / t['cpu']:>9.2f}x")
+        if bf16:
+            line += (f"{1e3 * t['cpu bf16']:>9.2f}{flops / t['cpu bf16'] / 1e9:>11.1f}"
+                     f"{t['cpu'] / t['cpu bf16']:>9.2f}x")
+        print(line)
     return 0
 
 

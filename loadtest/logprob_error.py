@@ -2,11 +2,16 @@
 set of the quantized kernels: the default model's greedy and sampled runs, each returned
 logprob (the chosen token's and the top ones') against Hugging Face's fp32 forward pass of
 the same weights over the same tokens. The quantized matmuls round a step's activations to
-int8 levels (docs/quantization.md); this prints what that costs, the figures behind
-tests/logprob_tolerance.py.
+int8 levels (docs/quantization.md), and beside two-level dots the prefill attention may
+multiply in bf16 (kernels.cpu.prefill_attention_bf16; TOKENWIRE_CPU_PREFILL_ATTENTION
+forces it): this prints what that costs, the figures behind tests/logprob_tolerance.py.
 
     python -m loadtest.logprob_error [--isa portable avx2 avx512] [--tokens 32] [--seeds 4]
-                                     [--prompts 12]
+                                     [--prompts 12 | --long-prompts]
+
+--long-prompts takes three prompts of 700, 1,600 and 2,900 tokens cut from this checkout's
+docs/ instead: only there do queries see key tiles far behind them, the ones the prefill
+attention multiplies in bf16 where it does (short prompts stay fp32 throughout).
 
 Each instruction set runs in a child process (TOKENWIRE_CPU_QUANT_ISA is read when the
 kernels run), all at once: their model loads are mostly single-threaded. Those this CPU
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -39,6 +45,7 @@ PROMPTS = [
     "Three reasons to learn a second language are",
     "The recipe needs flour, eggs and",
 ]
+LONG_TOKENS = (700, 1600, 2900)
 BATCH = 6  # prompts per generate call: a decode step's rows stay on the int8 path on AVX2
 TOP = 5
 
@@ -48,10 +55,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=32, help="output tokens per prompt and run")
     p.add_argument("--seeds", type=int, default=4, help="sampled runs beside the greedy one")
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N prompts")
+    p.add_argument("--long-prompts", action="store_true",
+                   help="three long prompts from docs/ instead (see above)")
 
 
-def errors(tokens: int, seeds: int, prompts: list[str]) -> list[float]:
-    """|engine logprob - fp32 logprob| of every value the runs return, in this process."""
+def long_prompts(tokenizer) -> list[str]:
+    """LONG_TOKENS-long cuts of this checkout's docs/ Markdown, 5,000 tokens apart, each
+    asking for a one-sentence summary of itself."""
+    docs = pathlib.Path(__file__).resolve().parent.parent / "docs"
+    ids = tokenizer.encode("\n\n".join(p.read_text() for p in sorted(docs.glob("*.md"))))
+    return [tokenizer.decode(ids[5000 * i:5000 * i + n])
+            + "\n\nIn one sentence, the text above says" for i, n in enumerate(LONG_TOKENS)]
+
+
+def errors(tokens: int, seeds: int, prompts: list[str] | None) -> list[float]:
+    """|engine logprob - fp32 logprob| of every value the runs return, in this process
+    (prompts None: long_prompts)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -60,6 +79,7 @@ def errors(tokens: int, seeds: int, prompts: list[str]) -> list[float]:
 
     llm = LLM(model="default", device="cpu")
     hf = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
+    prompts = prompts if prompts is not None else long_prompts(llm.tokenizer)
     runs = [SamplingParams(max_tokens=tokens, temperature=0.0, logprobs=TOP, ignore_eos=True)]
     runs += [SamplingParams(max_tokens=tokens, temperature=1.5, top_k=20, seed=seed,
                             logprobs=TOP, ignore_eos=True) for seed in range(seeds)]
@@ -94,7 +114,7 @@ def first_difference(ours: list[int], theirs: list[int]) -> int | None:
     return same
 
 
-def summary(isa: str, tokens: int, seeds: int, prompts: int) -> dict:
+def summary(isa: str, tokens: int, seeds: int, prompts: int, long: bool = False) -> dict:
     """This process's instruction set's figures (TOKENWIRE_CPU_QUANT_ISA already set)."""
     import kernels.cpu as cpu_kernels
 
@@ -104,8 +124,10 @@ def summary(isa: str, tokens: int, seeds: int, prompts: int) -> dict:
     chosen = cpu_kernels.quant_isa()
     if not quant.isa_supported(chosen):
         return {"isa": isa, "skipped": "not on this CPU"}
-    values = errors(tokens, seeds, PROMPTS[:prompts])
-    return {"isa": isa, "levels": quant.activation_levels(chosen), "values": len(values),
+    bf16 = cpu_kernels.prefill_attention_bf16(cpu_kernels.load(), quantized_model=True)
+    values = errors(tokens, seeds, None if long else PROMPTS[:prompts])
+    return {"isa": isa, "levels": quant.activation_levels(chosen),
+            "attention": "bf16" if bf16 else "fp32", "values": len(values),
             "p50": percentile(values, 50), "p99": percentile(values, 99), "max": max(values)}
 
 
@@ -113,7 +135,7 @@ def start_child(isa: str, args) -> subprocess.Popen:
     env = dict(os.environ, TOKENWIRE_CPU_QUANT_ISA=isa)
     cmd = [sys.executable, "-m", "loadtest.logprob_error", "--child", "--isa", isa,
            "--tokens", str(args.tokens), "--seeds", str(args.seeds),
-           "--prompts", str(args.prompts)]
+           "--prompts", str(args.prompts)] + (["--long-prompts"] if args.long_prompts else [])
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
 
 
@@ -125,16 +147,19 @@ def child_result(child: subprocess.Popen) -> dict:
 
 
 def format_report(rows: list[dict], args) -> str:
+    prompt_set = (f"{len(LONG_TOKENS)} long prompts ({', '.join(map(str, LONG_TOKENS))} tokens "
+                  "of docs/)" if args.long_prompts else f"{args.prompts} prompts")
     lines = [f"logprob error against Hugging Face's fp32 forward pass: default model on CPU, "
-             f"{args.prompts} prompts x {args.tokens} tokens, greedy and {args.seeds} sampled "
+             f"{prompt_set} x {args.tokens} tokens, greedy and {args.seeds} sampled "
              f"runs, the chosen token's logprob and the top {TOP}",
-             f"{'isa':<9} {'levels':>6} {'values':>7} {'p50':>9} {'p99':>9} {'max':>9}"]
+             f"{'isa':<9} {'levels':>6} {'prefill attention':>17} {'values':>7} {'p50':>9} "
+             f"{'p99':>9} {'max':>9}"]
     for r in rows:
         if "skipped" in r:
             lines.append(f"{r['isa']:<9} skipped: {r['skipped']}")
         else:
-            lines.append(f"{r['isa']:<9} {r['levels']:>6} {r['values']:>7} {r['p50']:>9.1e} "
-                         f"{r['p99']:>9.1e} {r['max']:>9.1e}")
+            lines.append(f"{r['isa']:<9} {r['levels']:>6} {r['attention']:>17} {r['values']:>7} "
+                         f"{r['p50']:>9.1e} {r['p99']:>9.1e} {r['max']:>9.1e}")
     return "\n".join(lines)
 
 
@@ -145,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(summary(args.isa[0], args.tokens, args.seeds, args.prompts)))
+        print(json.dumps(summary(args.isa[0], args.tokens, args.seeds, args.prompts,
+                                 args.long_prompts)))
         return
     children = [start_child(isa, args) for isa in args.isa]
     print(format_report([child_result(child) for child in children], args))

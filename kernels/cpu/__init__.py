@@ -39,6 +39,8 @@ QUANT_FLAGS = ["-O3", "-fopenmp", "-Wno-psabi", "-ffp-contract=off"]
 # The quantized kernels' instruction sets (quant_kernels.h's Isa).
 QUANT_ISAS = {"portable": 0, "avx2": 1, "avx512": 2, "amx": 3}
 QUANT_ISA_ENV = "TOKENWIRE_CPU_QUANT_ISA"
+# The prefill attention's precision: fp32 or bf16 (see prefill_attention_bf16).
+PREFILL_ATTENTION_ENV = "TOKENWIRE_CPU_PREFILL_ATTENTION"
 
 
 @functools.cache
@@ -91,3 +93,26 @@ def quant_isa() -> int:
     if name not in QUANT_ISAS:
         raise ValueError(f"{QUANT_ISA_ENV}={name!r}: expected one of {sorted(QUANT_ISAS)}")
     return QUANT_ISAS[name]
+
+
+def prefill_attention_bf16(kernels, quantized_model: bool) -> bool:
+    """Whether the C++ prefill attention multiplies its far key tiles in bf16 (fp32 sums;
+    docs/kernels.md): TOKENWIRE_CPU_PREFILL_ATTENTION=fp32 or bf16 forces it. Unset: bf16
+    for a model with quantized projections whose dots read two activation levels (an fp32
+    model's logits stay within 1e-4 of transformers', portable's three levels within 5e-4
+    of fp32's) where the build has AVX-512 BF16, except on CPUs with AMX (the Intel Xeon),
+    where fp32 met the prefill target and bf16 is not yet measured."""
+    name = os.environ.get(PREFILL_ATTENTION_ENV, "")
+    if name not in ("", "fp32", "bf16"):
+        raise ValueError(f"{PREFILL_ATTENTION_ENV}={name!r}: expected fp32 or bf16")
+    has_bf16 = kernels.prefill_attention_has_bf16()
+    if name == "bf16" and not has_bf16:
+        raise ValueError(f"{PREFILL_ATTENTION_ENV}=bf16: this CPU has no AVX-512 BF16")
+    if name:
+        return name == "bf16"
+    quant = load_quant()
+    if not (quantized_model and has_bf16 and quant is not None):
+        return False
+    isa = quant_isa()
+    levels = quant.activation_levels(isa if isa >= 0 else quant.best_isa())
+    return levels <= 2 and not quant.isa_supported(QUANT_ISAS["amx"])

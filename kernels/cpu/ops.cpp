@@ -461,7 +461,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_prefill_attention", &tokenwire::paged_prefill_attention, py::arg("out"),
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
         py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("scale"),
-        py::arg("window") = 0, no_gil);
+        py::arg("window") = 0, py::arg("bf16") = false, no_gil);
+  m.def("prefill_attention_has_bf16", &tokenwire::prefill_attention_has_bf16);
   m.def("store_kv", &store_kv, no_gil);
   m.def("rms_norm", &rms_norm, no_gil);
   m.def("rotary", &rotary, no_gil);

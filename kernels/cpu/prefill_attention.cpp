@@ -20,6 +20,15 @@
 // register-tiled product, weights times the tile's V rows. Both products keep several rows'
 // sums in registers so each K or V load serves them all: against one row at a time, with
 // 16-key tiles, a 3,000-token prompt spent 2.3x as long here (Intel Xeon, 2 threads).
+//
+// With AVX-512 BF16 the caller may ask for bf16 products (bf16=True) on the far tiles: a
+// row's queries, the tile's keys, its softmax weights and values rounded to bf16, sums in
+// fp32. One VDPBF16PS does two multiply-adds per lane, twice an FMA's. The first tile and
+// the item's own tile(s) stay fp32: this model's largest scores sit there (the first
+// tokens, which attention "sinks" on, and the nearest ones), and bf16's 8-bit mantissa on
+// them is what put the default model's logprobs up to 6.4e-2 from fp32's with every tile
+// in bf16; with those tiles in fp32, at most 2.4e-2 over 700-2,900-token prompts, as fp32
+// products' 1.0e-2 and within the 5e-2 the logprob tests hold (docs/kernels.md).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -74,6 +83,7 @@ struct Item {
 struct Scratch {
   std::vector<float> q, out, scores, max, sum, alpha;
   std::vector<const float*> v_rows;
+  std::vector<uint16_t> q16, p16;  // bf16 products: the queries and the tile's weights
 
   void resize(int64_t rows, int64_t head_dim) {
     const int64_t padded = (rows + kRowPad - 1) / kRowPad * kRowPad;
@@ -158,6 +168,72 @@ inline float exp_weights(float* s, int64_t from, int64_t valid, float max, float
 }
 #endif
 
+#ifdef __AVX512BF16__
+// fp32 -> bf16, rounded to nearest even (as VCVTNE2PS2BF16 does).
+inline uint16_t to_bf16(float x) {
+  uint32_t u;
+  __builtin_memcpy(&u, &x, sizeof u);
+  return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+inline __m512bh pair_of(const uint16_t* p) {  // elements p[0], p[1] broadcast to every lane
+  int32_t bits;
+  __builtin_memcpy(&bits, p, sizeof bits);
+  return (__m512bh)_mm512_set1_epi32(bits);
+}
+
+inline __m512bh load_bf16(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+
+// Where element hd (head * D + d) of key j sits in a bf16 key tile, [Hkv][D/2][kKeys][2]:
+// element d of key j beside element d+1, so one VDPBF16PS adds two products to each sum.
+inline int64_t key_index_bf16(int64_t hd, int64_t j) { return hd / 2 * 2 * kKeys + j * 2 + hd % 2; }
+
+// Where element d of key j sits in a KV head's bf16 value tile, [kKeys/2][D][2]: element d
+// of key j beside that of key j+1.
+inline int64_t value_index_bf16(int64_t d, int64_t j, int64_t head_dim) {
+  return j / 2 * 2 * head_dim + d * 2 + j % 2;
+}
+
+// score_rows in bf16 pairs of query and key elements.
+template <int R, int D>
+inline void score_rows_bf16(const uint16_t* q, const uint16_t* kt, float* scores) {
+  __m512 acc[R][kKeyVecs];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kKeyVecs; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int d = 0; d < D; d += 2) {
+    __m512bh k[kKeyVecs];
+    for (int c = 0; c < kKeyVecs; ++c) k[c] = load_bf16(kt + d * kKeys + c * 2 * kVec);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh x = pair_of(q + r * D + d);
+      for (int c = 0; c < kKeyVecs; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], x, k[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kKeyVecs; ++c) _mm512_storeu_ps(scores + r * kKeys + c * kVec, acc[r][c]);
+}
+
+// add_values in bf16 pairs of keys (a whole tile: kKeys keys, weight 0 past the seen ones).
+template <int R, int D>
+inline void add_values_bf16(float* out, const uint16_t* p, const float* alpha,
+                            const uint16_t* vt) {
+  constexpr int C = D / kVec;
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(out + r * D + c * kVec), _mm512_set1_ps(alpha[r]));
+  for (int64_t j = 0; j < kKeys; j += 2) {
+    __m512bh v[C];
+    for (int c = 0; c < C; ++c) v[c] = load_bf16(vt + j * D + c * 2 * kVec);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh x = pair_of(p + r * kKeys + j);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], x, v[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + r * D + c * kVec, acc[r][c]);
+}
+#endif
+
 // One row's online-softmax step over the tile's keys [from, valid) that it sees: its scores
 // become the weights exp(score - new max), zero for the keys it does not see, its running
 // max and sum move on, and it returns the factor its output so far is rescaled by.
@@ -202,19 +278,30 @@ struct Args {
   int64_t table_stride, block_size, num_heads, num_kv_heads, group, head_dim;
   float scale;
   int64_t window;  // 0: none
+  bool bf16;       // the far tiles' products in bf16
   float* k_tiles = nullptr;  // see transpose_keys
+  uint16_t *k_tiles_bf16 = nullptr, *v_tiles_bf16 = nullptr;  // bf16 only: see transpose_keys
   std::vector<int64_t> tile_base;  // where each sequence's key tiles start in k_tiles
   std::vector<int64_t> first_tile;  // each sequence's first tile its queries see
+
+  // Whether key tile t is multiplied in bf16 for the query chunk whose first position is
+  // `first_pos`: with bf16 on, every tile but the first and those reaching the chunk.
+  bool far_bf16(int64_t t, int64_t first_pos) const {
+    return bf16 && t >= 1 && (t + 1) * kKeys <= first_pos;
+  }
 
   // The first position the query at position `pos` sees.
   int64_t first_visible(int64_t pos) const {
     return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
   }
 
-  // Key tile t of KV head h of sequence b, transposed: [head_dim][kKeys].
-  float* key_tile(int64_t b, int64_t h, int64_t t) const {
-    return k_tiles + ((tile_base[b] + t - first_tile[b]) * num_kv_heads + h) * head_dim * kKeys;
+  // Where tile t of KV head h of sequence b starts in each tile buffer, in elements.
+  int64_t tile_offset(int64_t b, int64_t h, int64_t t) const {
+    return ((tile_base[b] + t - first_tile[b]) * num_kv_heads + h) * head_dim * kKeys;
   }
+
+  // Key tile t of KV head h of sequence b, transposed: [head_dim][kKeys].
+  float* key_tile(int64_t b, int64_t h, int64_t t) const { return k_tiles + tile_offset(b, h, t); }
 
   // Offset of context token t's K/V row (all KV heads) of sequence b in the cache.
   int64_t row_offset(int64_t b, int64_t t) const {
@@ -240,25 +327,54 @@ void attend_item(const Args& a, const Item& it, Scratch& s) {
     const float* src = a.q + a.head_offset(it, r) * D;
     for (int d = 0; d < D; ++d) s.q[r * D + d] = src[d] * a.scale;
   }
+#ifdef __AVX512BF16__
+  if (a.far_bf16(1, first_pos)) {  // the item sees a far tile
+    s.q16.resize(s.q.size());
+    for (size_t i = 0; i < s.q.size(); ++i) s.q16[i] = to_bf16(s.q[i]);
+  }
+#endif
   const int64_t padded_rows = static_cast<int64_t>(s.max.size());
   const int64_t last_pos = first_pos + it.count - 1, lowest = a.first_visible(first_pos);
   for (int64_t t0 = lowest / kKeys * kKeys; t0 <= last_pos; t0 += kKeys) {
     const int64_t keys = std::min(kKeys, last_pos + 1 - t0);
-    // Keys before the item's window are multiplied by weight 0 but never read: their
-    // blocks may be freed and hold anything, NaN included.
-    static const float zeros[D] = {};
-    for (int64_t j = 0; j < keys; ++j)
-      s.v_rows[j] = t0 + j < lowest ? zeros
-                                    : a.v_cache + (a.row_offset(it.seq, t0 + j) + it.kv_head) * D;
-    const float* kt = a.key_tile(it.seq, it.kv_head, t0 / kKeys);
-    for (int64_t r = 0; r < padded_rows; r += kScoreRows)
-      score_rows<kScoreRows, D>(s.q.data() + r * D, kt, s.scores.data() + r * kKeys);
+    const bool far_bf16 = a.far_bf16(t0 / kKeys, first_pos);
+    const int64_t offset = a.tile_offset(it.seq, it.kv_head, t0 / kKeys);
+    if (far_bf16) {
+#ifdef __AVX512BF16__
+      for (int64_t r = 0; r < padded_rows; r += kScoreRows)
+        score_rows_bf16<kScoreRows, D>(s.q16.data() + r * D, a.k_tiles_bf16 + offset,
+                                       s.scores.data() + r * kKeys);
+#endif
+    } else {
+      for (int64_t r = 0; r < padded_rows; r += kScoreRows)
+        score_rows<kScoreRows, D>(s.q.data() + r * D, a.k_tiles + offset,
+                                  s.scores.data() + r * kKeys);
+    }
     for (int64_t r = 0; r < padded_rows; ++r) {  // the tile's keys row r sees: [from, valid)
       const int64_t pos = first_pos + r / a.group;
       const int64_t valid = r < rows ? std::min(keys, pos - t0 + 1) : 0;  // causal
       const int64_t from = std::max<int64_t>(0, a.first_visible(pos) - t0);
       s.alpha[r] = weigh_row(s.scores.data() + r * kKeys, from, valid, s.max[r], s.sum[r]);
     }
+    if (far_bf16) {
+#ifdef __AVX512BF16__
+      s.p16.resize(s.scores.size());
+      for (size_t i = 0; i < s.scores.size(); i += 2 * kVec)  // the weights, rounded
+        _mm512_storeu_si512(s.p16.data() + i,
+                            (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(&s.scores[i + kVec]),
+                                                         _mm512_loadu_ps(&s.scores[i])));
+      for (int64_t r = 0; r < padded_rows; r += kOutRows<D>)
+        add_values_bf16<kOutRows<D>, D>(s.out.data() + r * D, s.p16.data() + r * kKeys,
+                                        s.alpha.data() + r, a.v_tiles_bf16 + offset);
+#endif
+      continue;
+    }
+    // Keys before the item's window are multiplied by weight 0 but never read: their
+    // blocks may be freed and hold anything, NaN included.
+    static const float zeros[D] = {};
+    for (int64_t j = 0; j < keys; ++j)
+      s.v_rows[j] = t0 + j < lowest ? zeros
+                                    : a.v_cache + (a.row_offset(it.seq, t0 + j) + it.kv_head) * D;
     for (int64_t r = 0; r < padded_rows; r += kOutRows<D>)
       add_values<kOutRows<D>, D>(s.out.data() + r * D, s.scores.data() + r * kKeys,
                                  s.alpha.data() + r, keys, s.v_rows.data());
@@ -270,42 +386,77 @@ void attend_item(const Args& a, const Item& it, Scratch& s) {
   }
 }
 
+#ifdef __AVX512BF16__
+// Key j of a tile (all KV heads; nullptr: outside the context, zeros) into its bf16 tiles,
+// which start at `base`.
+void pack_bf16(const Args& a, int64_t base, int64_t j, const float* k_row) {
+  const int64_t D = a.head_dim;
+  const float* v_row = k_row ? a.v_cache + (k_row - a.k_cache) : nullptr;  // same offset
+  for (int64_t hd = 0; hd < a.num_kv_heads * D; ++hd)
+    a.k_tiles_bf16[base + key_index_bf16(hd, j)] = to_bf16(k_row ? k_row[hd] : 0.f);
+  for (int64_t h = 0; h < a.num_kv_heads; ++h) {
+    uint16_t* dst = a.v_tiles_bf16 + base + h * D * kKeys;
+    for (int64_t d = 0; d < D; ++d)
+      dst[value_index_bf16(d, j, D)] = to_bf16(v_row ? v_row[h * D + d] : 0.f);
+  }
+}
+#endif
+
 // Every sequence's K, transposed a key tile at a time for the score tiles (zeros past the
 // context), once per call: every query chunk of a sequence reads the same tiles, and
 // transposing them per chunk took a fifth of the kernel's time at 128-2048 tokens.
 //    k_tiles: | seq 0: tile 0 [Hkv][D][kKeys] | tile 1 ... | seq 1: tile 0 ... |
-at::Tensor transpose_keys(Args& a, int64_t batch) {
+// With bf16 products, the keys and values of each tile also in bf16 pairs (key_index_bf16,
+// value_index_bf16), in two more buffers of the same tile order. Returns the buffers, to be
+// held until the kernel ends.
+std::vector<at::Tensor> transpose_keys(Args& a, int64_t batch) {
   std::vector<std::pair<int64_t, int64_t>> tiles;  // (sequence, tile)
   a.tile_base.assign(batch + 1, 0);
   a.first_tile.assign(batch, 0);
   std::vector<int64_t> lowest(batch, 0);  // the first position any query of b sees
+  // The first positions of b's first and last query chunks: a tile is needed in fp32 if
+  // it is not far for the first chunk, in bf16 if it is far for the last.
+  std::vector<int64_t> first_chunk(batch, 0), last_chunk(batch, 0);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t q_len = a.starts[b + 1] - a.starts[b];
+    first_chunk[b] = a.lens[b] - q_len;
+    last_chunk[b] = first_chunk[b] + std::max<int64_t>(0, q_len - 1) / kChunk * kChunk;
     lowest[b] = a.first_visible(a.lens[b] - q_len);
     a.first_tile[b] = lowest[b] / kKeys;
     const int64_t end = q_len > 0 ? (a.lens[b] + kKeys - 1) / kKeys : a.first_tile[b];
     for (int64_t t = a.first_tile[b]; t < end; ++t) tiles.emplace_back(b, t);
     a.tile_base[b + 1] = a.tile_base[b] + (end - a.first_tile[b]);
   }
-  // Every element is written below: no need to zero it first.
+  // Every element of a tile that is read is written below: no need to zero them first.
   const int64_t tile_floats = a.num_kv_heads * a.head_dim * kKeys;
-  at::Tensor buffer = at::empty({a.tile_base[batch] * tile_floats}, at::kFloat);
-  a.k_tiles = buffer.data_ptr<float>();
+  std::vector<at::Tensor> buffers{at::empty({a.tile_base[batch] * tile_floats}, at::kFloat)};
+  a.k_tiles = buffers[0].data_ptr<float>();
+  if (a.bf16) {
+    for (int i = 0; i < 2; ++i)
+      buffers.push_back(at::empty({a.tile_base[batch] * tile_floats}, at::kBFloat16));
+    a.k_tiles_bf16 = static_cast<uint16_t*>(buffers[1].data_ptr());
+    a.v_tiles_bf16 = static_cast<uint16_t*>(buffers[2].data_ptr());
+  }
   const int64_t row = a.num_kv_heads * a.head_dim;
   const int64_t num_tiles = static_cast<int64_t>(tiles.size());
   parallel_chunks((num_tiles + 7) / 8, [&](int64_t chunk) {  // 8 tiles a chunk
     for (int64_t i = chunk * 8; i < std::min(num_tiles, chunk * 8 + 8); ++i) {
       const auto [b, t] = tiles[i];
+      [[maybe_unused]] const bool fp32 = !a.far_bf16(t, first_chunk[b]),
+                                  bf16 = a.far_bf16(t, last_chunk[b]);
       float* dst = a.key_tile(b, 0, t);  // all heads of the tile: [Hkv][D][kKeys]
       for (int64_t j = 0; j < kKeys; ++j) {
         const int64_t pos = t * kKeys + j;
         const bool inside = pos >= lowest[b] && pos < a.lens[b];
         const float* src = inside ? a.k_cache + a.row_offset(b, pos) * a.head_dim : nullptr;
-        for (int64_t hd = 0; hd < row; ++hd) dst[hd * kKeys + j] = inside ? src[hd] : 0.f;
+        for (int64_t hd = 0; fp32 && hd < row; ++hd) dst[hd * kKeys + j] = inside ? src[hd] : 0.f;
+#ifdef __AVX512BF16__
+        if (bf16) pack_bf16(a, a.tile_offset(b, 0, t), j, src);
+#endif
       }
     }
   });
-  return buffer;
+  return buffers;
 }
 
 void check_args(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
@@ -348,19 +499,29 @@ void check_args(const at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
 
 }  // namespace
 
+bool prefill_attention_has_bf16() {
+#ifdef __AVX512BF16__
+  return true;
+#else
+  return false;
+#endif
+}
+
 void paged_prefill_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
                              at::Tensor v_cache, at::Tensor block_tables,
                              at::Tensor query_start_loc, at::Tensor seq_lens, double scale,
-                             int64_t window) {
+                             int64_t window, bool bf16) {
   check_args(out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens);
   TORCH_CHECK(window >= 0, "window must be >= 0 (0: none), not ", window);
+  TORCH_CHECK(!bf16 || prefill_attention_has_bf16(),
+              "bf16 prefill attention needs AVX-512 BF16, which this build lacks");
   const int64_t num_kv_heads = k_cache.size(2);
   Args args{q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
             out.data_ptr<float>(), block_tables.data_ptr<int32_t>(),
             query_start_loc.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
             block_tables.stride(0), k_cache.size(1), q.size(1), num_kv_heads,
-            q.size(1) / num_kv_heads, q.size(2), static_cast<float>(scale), window};
-  const at::Tensor k_tiles = transpose_keys(args, seq_lens.numel());  // held until the end
+            q.size(1) / num_kv_heads, q.size(2), static_cast<float>(scale), window, bf16};
+  const std::vector<at::Tensor> tiles = transpose_keys(args, seq_lens.numel());  // held
   // Causal items differ in work by up to the context length over kChunk (the last chunk of
   // a long prompt reads all of it), so threads take the next item as they finish, not a
   // fixed share. Items of one KV head run in a row (its K/V stay in cache), later chunks

@@ -8,6 +8,8 @@ from engine.attention import AttentionMetadata, TorchAttention
 from engine.cpu_backend import CpuAttention
 from kernel_cases import (assert_close, nan_like, paged_kv, ragged, randn,
                           readable_by_torch_backend, verification_step)
+from kernels.cpu import (PREFILL_ATTENTION_ENV, QUANT_ISA_ENV, QUANT_ISAS, load_quant,
+                         prefill_attention_bf16)
 from kernels.paged_prefill_attention import paged_prefill_attention_ref
 
 
@@ -126,3 +128,101 @@ def test_multi_query_decode_of_speculative_verification(gen, kernels, num_heads,
     out = nan_like(q)
     kernels.paged_prefill_attention(out, q, k_cache, v_cache, tables, starts, lens, 0.125)
     assert_close(out, expected)
+
+
+@pytest.fixture(scope="module")
+def bf16_kernels(kernels):
+    """The kernels module where its prefill attention has the bf16 path (AVX-512 BF16)."""
+    if not kernels.prefill_attention_has_bf16():
+        pytest.skip("this CPU has no AVX-512 BF16")
+    return kernels
+
+
+def _far_tiles_rounded_ref(q, k_cache, v_cache, tables, starts, lens, scale):
+    """The fp32 reference with the bf16 path's operands rounded where it rounds them: the
+    scaled queries, keys and values of the far key tiles (64 keys; not the first, nor one
+    reaching the first position of the query's 16-token chunk). The softmax weights'
+    rounding is left out: the tolerance covers it."""
+    def bf16(t):
+        return t.bfloat16().float()
+
+    out = torch.full_like(q, float("nan"))
+    block, group = k_cache.shape[1], q.shape[1] // k_cache.shape[2]
+    for b, length in enumerate(lens.tolist()):
+        first_row, n = int(starts[b]), int(starts[b + 1] - starts[b])
+        pos = torch.arange(length)
+        rows = tables[b, pos // block].long(), pos % block
+        k = k_cache[rows].repeat_interleave(group, dim=1)  # [L, H, D]
+        v = v_cache[rows].repeat_interleave(group, dim=1)
+        for i in range(n):
+            at = length - n + i
+            chunk_first = length - n + i // 16 * 16
+            far = ((pos >= 64) & (pos // 64 * 64 + 64 <= chunk_first))[:, None, None]
+            qi = q[first_row + i] * scale
+            scores = torch.where(far, bf16(qi) * bf16(k), qi * k).sum(-1)  # [L, H]
+            weights = scores.masked_fill((pos > at)[:, None], float("-inf")).softmax(0)
+            out[first_row + i] = (weights[..., None] * torch.where(far, bf16(v), v)).sum(0)
+    return out
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_bf16_rounds_only_the_far_tiles(gen, bf16_kernels, head_dim):
+    """A ragged step: prompts and extends whose queries see no far tile (their results
+    must be the fp32 path's, bit for bit) and long ones that see several; decode rows ahead
+    left alone. Against the reference rounded as the kernel rounds (up to the weights'
+    rounding) and, looser, the plain fp32 one."""
+    seq_lens, q_lens = [70, 37, 9, 300, 260, 130], [30, 37, 1, 300, 45, 2]
+    args = ragged(gen, seq_lens, q_lens, 9, 3, head_dim, torch.float32, "cpu", 16,
+                  lead_rows=3)
+    q, k_cache, v_cache, tables, starts, lens = args
+    k_cache[tables[:, 0].long(), 0] *= 8  # each first key an attention sink: large scores
+    scale = head_dim ** -0.5
+    fp32, bf16 = nan_like(q), nan_like(q)
+    bf16_kernels.paged_prefill_attention(fp32, q, k_cache, v_cache, tables, starts, lens, scale)
+    bf16_kernels.paged_prefill_attention(bf16, q, k_cache, v_cache, tables, starts, lens, scale,
+                                         0, True)
+    assert bf16[:3].isnan().all()
+    near_only = starts[3]  # the first three sequences: contexts of 70 keys at most
+    assert torch.equal(bf16[3:near_only], fp32[3:near_only])
+    assert not torch.equal(bf16[near_only:], fp32[near_only:])  # the far tiles were bf16
+    rounded = _far_tiles_rounded_ref(q, k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0),
+                                     tables.where(tables < k_cache.shape[0], 0), starts,
+                                     lens, scale)
+    torch.testing.assert_close(bf16[3:], rounded[3:], atol=4e-3, rtol=1e-2)
+    expected = paged_prefill_attention_ref(*args, scale)
+    torch.testing.assert_close(bf16[3:], expected[3:], atol=2e-2, rtol=2e-2)
+
+
+def test_bf16_keeps_a_sliding_window(gen, bf16_kernels):
+    """With a window, keys before it are never read (their slots hold NaN) on either path."""
+    args = ragged(gen, [300, 200], [100, 1], 4, 1, 256, torch.float32, "cpu", 16)
+    q, k_cache, v_cache, tables, starts, lens = args
+    expected = paged_prefill_attention_ref(*args, 0.0625, window=150)
+    for b, (s, n) in enumerate(zip(lens.tolist(), starts.diff().tolist())):
+        for p in range(max(0, s - n - 150 + 1)):
+            k_cache[tables[b, p // 16], p % 16] = v_cache[tables[b, p // 16], p % 16] = float("nan")
+    out = nan_like(q)
+    bf16_kernels.paged_prefill_attention(out, q, k_cache, v_cache, tables, starts, lens, 0.0625,
+                                         150, True)
+    torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_bf16_by_default_only_for_quantized_models_unless_the_environment_says(
+        bf16_kernels, monkeypatch):
+    """Unset: an fp32 model keeps fp32 products (its logits stay within 1e-4 of
+    transformers'), a quantized one whose dots read two activation levels takes bf16
+    where the CPU has no AMX."""
+    monkeypatch.delenv(PREFILL_ATTENTION_ENV, raising=False)
+    monkeypatch.delenv(QUANT_ISA_ENV, raising=False)
+    amx = load_quant() is not None and load_quant().isa_supported(QUANT_ISAS["amx"])
+    assert prefill_attention_bf16(bf16_kernels, quantized_model=False) is False
+    assert prefill_attention_bf16(bf16_kernels, quantized_model=True) is not amx
+    monkeypatch.setenv(QUANT_ISA_ENV, "portable")  # three levels: held to 5e-4
+    assert prefill_attention_bf16(bf16_kernels, quantized_model=True) is False
+    for name, bf16 in (("fp32", False), ("bf16", True)):
+        monkeypatch.setenv(PREFILL_ATTENTION_ENV, name)
+        for quantized in (False, True):
+            assert prefill_attention_bf16(bf16_kernels, quantized) is bf16
+    monkeypatch.setenv(PREFILL_ATTENTION_ENV, "fp16")
+    with pytest.raises(ValueError, match="expected fp32 or bf16"):
+        prefill_attention_bf16(bf16_kernels, True)

@@ -1,5 +1,5 @@
-"""`python -m loadtest.attention_bench`: both CPU attention backends on every case, checked
-to agree before they are timed (a real run on small heads, quick enough for CI)."""
+"""`python -m loadtest.attention_bench`: both CPU attention backends (and the C++ one's
+bf16 products where the CPU has them) on every case, checked to agree before they are timed (a real run on small heads, quick enough for CI)."""
 import re
 import subprocess
 import sys
@@ -17,10 +17,15 @@ def test_prints_a_row_per_case_with_consistent_figures():
     assert proc.returncode == 0, proc.stderr
     for what, _, _ in CASES:
         line = next(line for line in proc.stdout.splitlines() if line.startswith(what))
-        torch_ms, cpu_ms, torch_gf, cpu_gf, speedup = map(float, re.findall(r"[\d.]+", line[len(what):]))
+        figures = list(map(float, re.findall(r"[\d.]+", line[len(what):])))
+        torch_ms, cpu_ms, torch_gf, cpu_gf, speedup = figures[:5]
         assert min(torch_ms, cpu_ms, torch_gf, cpu_gf) > 0
         assert speedup == pytest.approx(torch_ms / cpu_ms, rel=0.05, abs=0.01)
         assert cpu_gf / torch_gf == pytest.approx(speedup, rel=0.05, abs=0.01)
+        if len(figures) > 5:  # the bf16 column, where the CPU has AVX-512 BF16
+            bf16_ms, bf16_gf, bf16_ratio = figures[5:]
+            assert bf16_ratio == pytest.approx(cpu_ms / bf16_ms, rel=0.05, abs=0.01)
+            assert bf16_gf / cpu_gf == pytest.approx(bf16_ratio, rel=0.05, abs=0.01)
 
 
 def test_step_caches_hold_the_new_tokens_kv():
