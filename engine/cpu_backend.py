@@ -18,8 +18,8 @@ class CpuAttention(TorchAttention):
     once for all query heads of its group; all prefill requests in one call) and new K/V
     rows stored in one C++ call; with a sliding window, tokens before it are never read.
     Other dtypes and head sizes keep the torch path. prefill_bf16: prefill/extend rows
-    multiply in bf16 (kernels.cpu.prefill_attention_bf16 chooses); decode rows, a
-    speculative verification's included, stay fp32."""
+    multiply the key tiles far behind them in bf16 (kernels.cpu.prefill_attention_bf16
+    chooses); decode rows, a speculative verification's included, stay fp32."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels, *,
                  window: int | None = None, scale: float | None = None,

@@ -94,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"prefill attention per layer call, {torch.get_num_threads()} threads, heads "
           f"{args.heads[0]}/{args.heads[1]}, head_dim {args.heads[2]}, window {args.window}, fp32")
     bf16 = kernels.prefill_attention_has_bf16()
-    print(f"{'case':<32}{'torch ms':>10}{'cpu ms':>9}{'torch GF/s':>12}{'cpu GF/s':>10}{'speed-up':>10}"
-          + (f"{'bf16 ms':>9}{'bf16 GF/s':>11}{'bf16/cpu':>10}" if bf16 else "  (no AVX-512 BF16: no bf16 column)"))
+    bf16_columns = (f"{'bf16 ms':>9}{'bf16 GF/s':>11}{'bf16/cpu':>10}" if bf16
+                    else "  (no AVX-512 BF16: no bf16 column)")
+    print(f"{'case':<32}{'torch ms':>10}{'cpu ms':>9}{'torch GF/s':>12}{'cpu GF/s':>10}"
+          f"{'speed-up':>10}{bf16_columns}")
     for what, seq_lens, q_lens in CASES:
         t = run_case(kernels, seq_lens, q_lens, args.heads, args.repeats, args.window)
         flops = causal_flops(seq_lens, q_lens, args.heads[0], args.heads[2], args.window)

@@ -1,5 +1,6 @@
 """`python -m loadtest.attention_bench`: both CPU attention backends (and the C++ one's
-bf16 products where the CPU has them) on every case, checked to agree before they are timed (a real run on small heads, quick enough for CI)."""
+bf16 products where the CPU has them) on every case, checked to agree before they are
+timed (a real run on small heads, quick enough for CI)."""
 import re
 import subprocess
 import sys
