@@ -236,31 +236,48 @@ struct Kernel {
   }
 };
 
+// Rows r0 .. r0 + N - 1 of a tile against block b of a panel whose 8 code vectors are in
+// `codes`: the rows' 2N chains (a level each) advance together, one code vector at a time,
+// so each VPDPBUSD waits on one issued 2N before it (4 cycles' latency on Zen 4), not on
+// the one just before. Against one row at a time a 2048-row chunk's matmuls took 1.04x as
+// long (AMD EPYC Zen 4); 8 rows at a time spill registers (0.86x).
+template <int N>
+inline void panel_row_group(__m512 (&acc)[kTile], const PanelTile& t, const __m512i (&codes)[8],
+                            __m512 scale, __m512 offset, int r0, int64_t b) {
+  __m512i c1[N], c2[N];
+  for (int r = 0; r < N; ++r) c1[r] = c2[r] = _mm512_setzero_si512();
+  const int8_t* p1 = t.p1 + r0 * t.k + 32 * b;
+  const int8_t* p2 = t.p2 + r0 * t.k + 32 * b;
+  for (int i = 0; i < 8; ++i) {
+    for (int r = 0; r < N; ++r) {
+      int32_t q1, q2;  // 4 activation bytes each
+      std::memcpy(&q1, p1 + r * t.k + 4 * i, 4);
+      std::memcpy(&q2, p2 + r * t.k + 4 * i, 4);
+      c1[r] = _mm512_dpbusd_epi32(c1[r], codes[i], _mm512_set1_epi32(q1));
+      c2[r] = _mm512_dpbusd_epi32(c2[r], codes[i], _mm512_set1_epi32(q2));
+    }
+  }
+  for (int r = 0; r < N; ++r)
+    acc[r0 + r] = add_block(acc[r0 + r], c1[r], c2[r], t, scale, offset, r0 + r, b);
+}
+
 // The R rows of a tile against a panel (quant_panels.h), R known when compiled so the rows'
 // sums stay in registers: per block, each of the panel's 8 code vectors (4 codes of each of
-// its 16 weight rows) meets the matching 4 activation bytes of a row, broadcast; the two
-// levels' chains run apart (latency), then combine as exact int32 (add_block).
+// its 16 weight rows) meets the matching 4 activation bytes of a row, broadcast, 4 rows at
+// a time (panel_row_group); the two levels combine as exact int32 (add_block).
 template <int R>
 void panel_rows(__m512 (&acc)[kTile], const PanelTile& t) {
+  constexpr int kGroupRows = 4;
   for (int64_t b = 0; b < t.blocks; ++b) {
     __m512i codes[8];
     for (int i = 0; i < 8; ++i) codes[i] = _mm512_loadu_si512(t.codes + b * kPanelBytes + 64 * i);
     const __m512 scale = _mm512_loadu_ps(t.scales + b * kTile);
     const __m512 offset = _mm512_loadu_ps(t.offsets + b * kTile);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const int8_t* p1 = t.p1 + r * t.k + 32 * b;
-      const int8_t* p2 = t.p2 + r * t.k + 32 * b;
-      __m512i c1 = _mm512_setzero_si512(), c2 = _mm512_setzero_si512();
-      for (int i = 0; i < 8; ++i) {
-        int32_t q1, q2;  // 4 activation bytes each
-        std::memcpy(&q1, p1 + 4 * i, 4);
-        std::memcpy(&q2, p2 + 4 * i, 4);
-        c1 = _mm512_dpbusd_epi32(c1, codes[i], _mm512_set1_epi32(q1));
-        c2 = _mm512_dpbusd_epi32(c2, codes[i], _mm512_set1_epi32(q2));
-      }
-      acc[r] = add_block(acc[r], c1, c2, t, scale, offset, r, b);
-    }
+    int r0 = 0;
+    for (; r0 + kGroupRows <= R; r0 += kGroupRows)
+      panel_row_group<kGroupRows>(acc, t, codes, scale, offset, r0, b);
+    if constexpr (R % kGroupRows != 0)
+      panel_row_group<R % kGroupRows>(acc, t, codes, scale, offset, r0, b);
   }
 }
 

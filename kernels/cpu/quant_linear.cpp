@@ -135,10 +135,11 @@ void transpose_tile(const float* rows, int64_t present, int64_t subs, int sub, f
 
 // x [m, k] -> its Activations (quant_kernels.h), in buffers private to the calling thread and
 // reused by its next call (a tensor allocation each, three per matmul, cost more than a
-// decode row's quantization): the levels [m, kp] int8, d and sums [m, kp / sub] and their
-// 4-row-tile transposes (a last tile of 2 or 3 rows too), and where asked the first two
-// levels as int16.
-Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa, bool x12) {
+// decode row's quantization): the levels [m, kp] int8, d and sums [m, kp / sub], where asked
+// their 4-row-tile transposes (a last tile of 2 or 3 rows too; the panels do not read them)
+// and the first two levels as int16.
+Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa, bool x12,
+                          bool tiled_params = true) {
   const int64_t m = x.size(0), k = x.size(1), subs = kp / sub;
   const int64_t tiles = m % 4 > 1 ? m / 4 + 1 : m / 4, tiled = 4 * tiles * subs;
   thread_local std::vector<int8_t> levels;
@@ -163,7 +164,7 @@ Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa,
         x12p[r * kp + i] = static_cast<int16_t>(p1[i] * (1 << kLevelShift) + p2[i]);
     }
   });
-  for (int64_t t = 0; t < tiles; ++t) {
+  for (int64_t t = 0; tiled_params && t < tiles; ++t) {
     const int64_t present = std::min<int64_t>(4, m - 4 * t);
     transpose_tile(d + 4 * t * subs, present, subs, sub, d4 + 4 * t * subs);
     transpose_tile(sums + 4 * t * subs, present, subs, sub, sums4 + 4 * t * subs);
@@ -172,7 +173,8 @@ Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa,
 }
 
 // x's Activations -> the panels' inputs (quant_kernels.h): levels 1 and 2 from the lo/hi
-// order to natural weight order, per 16-row tile, and d times 128.
+// order to natural weight order, per 16-row tile, and d times 128; rows split among the
+// pool's threads (on one, a 2048-row chunk's repacking took 2-3% of its matmuls' time).
 void repack_rows(const Activations& x, int64_t k, panels::Inputs& out) {
   using panels::kTile;
   const int64_t mp = (x.m + kTile - 1) / kTile * kTile, blocks = k / kBlock, subs = x.kp / kBlock;
@@ -185,41 +187,47 @@ void repack_rows(const Activations& x, int64_t k, panels::Inputs& out) {
     std::fill(out.levels.begin() + (l * mp + x.m) * k, out.levels.begin() + (l + 1) * mp * k, 0);
   std::fill(out.d.begin() + x.m * blocks, out.d.end(), 0.f);
   std::fill(out.sums.begin() + x.m * blocks, out.sums.end(), 0.f);
-  for (int64_t r = 0; r < x.m; ++r) {
-    for (int l = 0; l < 2; ++l) {
-      const int8_t* src = x.p[l] + r * x.kp;
-      int8_t* dst = out.levels.data() + (l * mp + r) * k;
+  pool_rows(x.m, k, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int l = 0; l < 2; ++l) {
+        const int8_t* src = x.p[l] + r * x.kp;
+        int8_t* dst = out.levels.data() + (l * mp + r) * k;
+        for (int64_t b = 0; b < blocks; ++b) {
+          const int64_t at = b / 4 * kGroup + 16 * (b % 4);
+          std::memcpy(dst + 32 * b, src + at, 16);
+          std::memcpy(dst + 32 * b + 16, src + at + 64, 16);
+        }
+      }
       for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t at = b / 4 * kGroup + 16 * (b % 4);
-        std::memcpy(dst + 32 * b, src + at, 16);
-        std::memcpy(dst + 32 * b + 16, src + at + 64, 16);
+        out.d[r * blocks + b] = x.d[r * subs + b] * float(1 << kLevelShift);
+        out.sums[r * blocks + b] = x.sums[r * subs + b];
       }
     }
-    for (int64_t b = 0; b < blocks; ++b) {
-      out.d[r * blocks + b] = x.d[r * subs + b] * float(1 << kLevelShift);
-      out.sums[r * blocks + b] = x.sums[r * subs + b];
-    }
-  }
+  });
 }
 
 // The panels' path (AMX tiles or AVX-512 VNNI): x rounded as for the int8 dots, repacked
 // for the panels, threads splitting the weight's 16-row panels.
 at::Tensor panel_linear(const at::Tensor& x, const Weights& w, const float* bias, int64_t isa) {
-  const Activations q = quantize_rows(x, w.kp, w.sub, kAvx512, false);
+  const Activations q = quantize_rows(x, w.kp, w.sub, kAvx512, false, false);
   thread_local panels::Inputs mine;  // the workers below must read this thread's, not theirs
   panels::Inputs& inputs = mine;
   repack_rows(q, x.size(1), inputs);
   auto* gemm = isa == kAmx ? amx::gemm : avx512::gemm_panels;
   at::Tensor out = at::empty({x.size(0), w.n}, x.options());
   float* op = out.data_ptr<float>();
-  // A chunk's panels are unpacked once and meet every row from cache: about
-  // kChunksPerThread chunks per thread, none holding more than kPanelChunkBytes of codes.
+  // A chunk's panels are unpacked once and meet every row from cache: at least
+  // kChunksPerThread chunks per thread, none holding more than kPanelChunkBytes of codes,
+  // and as many chunks for each thread, their sizes one panel apart at most. (Chunks of a
+  // fixed size left one thread a chunk more than the other: 36 panels in 9 chunks of 4
+  // kept one of 2 threads idle a ninth of the call.)
   using panels::kTile;
   const int64_t count = (w.n + kTile - 1) / kTile, threads = at::get_num_threads();
   const int64_t most = std::max<int64_t>(1, kPanelChunkBytes / (kTile * w.kp));
-  const int64_t per_chunk = std::clamp<int64_t>(count / (threads * kChunksPerThread), 1, most);
-  WorkerPool::instance().run((count + per_chunk - 1) / per_chunk, int(threads), [&](int64_t c) {
-    gemm(w, inputs, bias, op, x.size(0), c * per_chunk, std::min(count, (c + 1) * per_chunk));
+  int64_t chunks = std::max(threads * kChunksPerThread, (count + most - 1) / most);
+  chunks = std::min(count, (chunks + threads - 1) / threads * threads);
+  WorkerPool::instance().run(chunks, int(threads), [&](int64_t c) {
+    gemm(w, inputs, bias, op, x.size(0), c * count / chunks, (c + 1) * count / chunks);
   });
   return out;
 }

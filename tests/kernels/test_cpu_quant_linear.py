@@ -94,8 +94,9 @@ SHAPES = {  # (out_features, in_features): k under/at/past a group of 128; odd r
 # (AVX2's last on the int8 dots), 12 (its unpacked path's first: a panel of 8 rows and half
 # of one), 17 and 33 past 16-row blocks (the last panel one row and seven of padding; on the
 # weight panels of AMX and AVX-512, 12 their first and a 16-row tile with padding, 16 a
-# whole one), 200 (several blocks and chunks)
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 11, 12, 16, 17, 33, 200])
+# whole one; AVX-512's panels take a tile's rows 4 at a time, so 14 and 31 end a tile in 2
+# and 3 rows after whole groups), 200 (several blocks and chunks)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 11, 12, 14, 16, 17, 31, 33, 200])
 @pytest.mark.parametrize("shape", range(4))
 def test_matches_dequantized_matmul(quant, isa, fmt, rows, shape):
     quant, isa_id = kernels_for(quant, isa)
