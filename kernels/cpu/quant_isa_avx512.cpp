@@ -239,8 +239,8 @@ struct Kernel {
 // Rows r0 .. r0 + N - 1 of a tile against block b of a panel whose 8 code vectors are in
 // `codes`: the rows' 2N chains (a level each) advance together, one code vector at a time,
 // so each VPDPBUSD waits on one issued 2N before it (4 cycles' latency on Zen 4), not on
-// the one just before. Against one row at a time a 2048-row chunk's matmuls took 1.04x as
-// long (AMD EPYC Zen 4); 8 rows at a time spill registers (0.86x).
+// the one just before. Against one row at a time a 2048-row chunk's matmuls took 1.05-1.07x
+// as long (AMD EPYC Zen 4, loadtest.matmul_ab); 8 rows at a time spill registers (0.86x).
 template <int N>
 inline void panel_row_group(__m512 (&acc)[kTile], const PanelTile& t, const __m512i (&codes)[8],
                             __m512 scale, __m512 offset, int r0, int64_t b) {
