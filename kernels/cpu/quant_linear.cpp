@@ -49,6 +49,12 @@ constexpr int64_t kAvx2UnpackedRows = 12;
 // padding) the panels lead on every shape of the default model (docs/kernels.md, same
 // section; on AMD EPYC Zen 4 they run prefill chunks at 1.8-2.4x the dense path's speed).
 constexpr int64_t kPanelRows = 12, kPanelChunkBytes = 256 << 10;
+// The panels' chunks per thread: fewer than kChunksPerThread, as a thread reads all of the
+// activations again for each chunk it takes (2 MB and more for a 2048-row chunk, past L2):
+// 2 a thread against 4 made a 2048-row chunk's four matmuls of the default model 1.04x
+// faster (the 576-wide outputs 1.02-1.11x, loadtest.matmul_ab, AMD EPYC Zen 4), and
+// leaves the caller a late worker's second chunk to take over.
+constexpr int64_t kPanelChunksPerThread = 2;
 
 // The first row count at which an instruction set's panels take sub-32 weights' matmuls.
 int64_t panel_rows(int64_t isa) {
@@ -217,14 +223,14 @@ at::Tensor panel_linear(const at::Tensor& x, const Weights& w, const float* bias
   at::Tensor out = at::empty({x.size(0), w.n}, x.options());
   float* op = out.data_ptr<float>();
   // A chunk's panels are unpacked once and meet every row from cache: at least
-  // kChunksPerThread chunks per thread, none holding more than kPanelChunkBytes of codes,
+  // kPanelChunksPerThread chunks per thread, none holding more than kPanelChunkBytes of codes,
   // and as many chunks for each thread, their sizes one panel apart at most. (Chunks of a
   // fixed size left one thread a chunk more than the other: 36 panels in 9 chunks of 4
   // kept one of 2 threads idle a ninth of the call.)
   using panels::kTile;
   const int64_t count = (w.n + kTile - 1) / kTile, threads = at::get_num_threads();
   const int64_t most = std::max<int64_t>(1, kPanelChunkBytes / (kTile * w.kp));
-  int64_t chunks = std::max(threads * kChunksPerThread, (count + most - 1) / most);
+  int64_t chunks = std::max(threads * kPanelChunksPerThread, (count + most - 1) / most);
   chunks = std::min(count, (chunks + threads - 1) / threads * threads);
   WorkerPool::instance().run(chunks, int(threads), [&](int64_t c) {
     gemm(w, inputs, bias, op, x.size(0), c * count / chunks, (c + 1) * count / chunks);
