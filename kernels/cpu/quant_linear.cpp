@@ -147,7 +147,8 @@ void transpose_tile(const float* rows, int64_t present, int64_t subs, int sub, f
 Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa, bool x12,
                           bool tiled_params = true) {
   const int64_t m = x.size(0), k = x.size(1), subs = kp / sub;
-  const int64_t tiles = m % 4 > 1 ? m / 4 + 1 : m / 4, tiled = 4 * tiles * subs;
+  const int64_t tiles = m % 4 > 1 ? m / 4 + 1 : m / 4;
+  const int64_t tiled = tiled_params ? 4 * tiles * subs : 0;
   thread_local std::vector<int8_t> levels;
   thread_local std::vector<float> floats;
   thread_local std::vector<int16_t> words;
@@ -155,7 +156,9 @@ Activations quantize_rows(const at::Tensor& x, int64_t kp, int sub, int64_t isa,
   floats.resize(2 * m * subs + 2 * tiled);
   words.resize(x12 ? m * kp : 0);
   int8_t* p = levels.data();
-  float *d = floats.data(), *sums = d + m * subs, *d4 = d + 2 * m * subs, *sums4 = d4 + tiled;
+  float *d = floats.data(), *sums = d + m * subs;
+  float* d4 = tiled_params ? d + 2 * m * subs : nullptr;  // nullptr: not asked for
+  float* sums4 = tiled_params ? d4 + tiled : nullptr;
   const float* xp = x.data_ptr<float>();
   auto* quantize_row = isa == kAvx512 ? avx512::quantize_row
                        : isa == kAvx2 ? avx2::quantize_row
