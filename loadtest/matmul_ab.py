@@ -21,17 +21,16 @@ import torch
 import kernels.cpu as cpu_kernels
 from engine.llm import LLM, set_num_threads
 from loadtest.machine import REPO, cpu_model, git_commit
-from loadtest.prefill_bench import _worktree
+from loadtest.prefill_bench import worktree
 
 PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
 
 
 def build(tree: Path, name: str):
     """kernels/cpu's quantized-matmul module of `tree`, built as `name`."""
-    from torch.utils import cpp_extension
-    sources = [str(tree / "kernels" / "cpu" / os.path.basename(p)) for p in cpu_kernels.QUANT_SOURCES]
-    return cpp_extension.load(name=name, sources=sources, extra_cflags=cpu_kernels.QUANT_FLAGS,
-                              extra_ldflags=["-fopenmp"])
+    cpu = tree / "kernels" / "cpu"
+    sources = [str(cpu / os.path.basename(p)) for p in cpu_kernels.QUANT_SOURCES]
+    return cpu_kernels.build_quant(name, sources)
 
 
 def time_pair(modules: dict, x: torch.Tensor, args: tuple, turns: int) -> dict[str, float]:
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=2048, help="activation rows (a prefill chunk's)")
     p.add_argument("--turns", type=int, default=25)
     args = p.parse_args(argv)
-    base = _worktree(args.base)
+    base = worktree(args.base)
     modules = {"this checkout": build(REPO, "tokenwire_cpu_quant_ab_this"),
                f"base {args.base}": build(base, f"tokenwire_cpu_quant_ab_{base.name[-10:]}")}
     set_num_threads(None)
@@ -62,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     print(f"quantized matmuls, {args.rows} rows, default model layer 0, {cpu_model()}, "
           f"commit {git_commit(REPO)} against {args.base}, {torch.get_num_threads()} threads")
-    print(f"{'projection':<12}{'this (ms)':>11}{'base (ms)':>11}{'base / this':>13}{'max diff':>11}")
+    print(f"{'projection':<12}{'this (ms)':>11}{'base (ms)':>11}{'base / this':>13}"
+          f"{'max diff':>11}")
     totals = {name: 0.0 for name in modules}
     for projection in PROJECTIONS:
         linear = getattr(layer, projection)

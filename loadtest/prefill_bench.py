@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> tuple[str, dict]:
     trees = {"this checkout": REPO}
     if args.baseline_rev:
-        trees[f"baseline {args.baseline_rev}"] = _worktree(args.baseline_rev)
+        trees[f"baseline {args.baseline_rev}"] = worktree(args.baseline_rev)
     seconds: dict[str, list[float]] = {name: [] for name in trees}
     for round_ in range(args.prefill_rounds):
         for name, tree in trees.items():
@@ -61,7 +61,7 @@ def _extensions_dir(tree: Path) -> Path:
     return base if tree == REPO else base.parent / f"{base.name}-{tree.name}"
 
 
-def _worktree(rev: str) -> Path:
+def worktree(rev: str) -> Path:
     """A detached worktree of `rev` beside the system's temp files, made once and reused."""
     full = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=REPO,
                           capture_output=True, text=True, check=True).stdout.strip()

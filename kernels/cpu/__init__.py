@@ -76,12 +76,18 @@ def _cpu_id() -> str:
 def load_quant():
     """The compiled quantized-matmul module, or None (logged) if it cannot be built."""
     try:
-        from torch.utils import cpp_extension
-        return cpp_extension.load(name="tokenwire_cpu_quant", sources=QUANT_SOURCES,
-                                  extra_cflags=QUANT_FLAGS, extra_ldflags=["-fopenmp"])
+        return build_quant("tokenwire_cpu_quant", QUANT_SOURCES)
     except Exception as exc:  # a missing compiler or ninja raises several types
         log.warning("quantized CPU kernels unavailable: %s", exc)
         return None
+
+
+def build_quant(name: str, sources: list[str]):
+    """The quantized-matmul module built from `sources` (QUANT_SOURCES' files, here or in
+    another tree: loadtest.matmul_ab) as `name`, with its flags; raises if it cannot be."""
+    from torch.utils import cpp_extension
+    return cpp_extension.load(name=name, sources=sources, extra_cflags=QUANT_FLAGS,
+                              extra_ldflags=["-fopenmp"])
 
 
 def quant_isa() -> int:
