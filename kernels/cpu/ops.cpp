@@ -71,63 +71,76 @@ void parallel_rows(int64_t rows, int64_t floats_per_row, const F& fn) {
                             [](int64_t chunks, const auto& g) { parallel_chunks(chunks, g); }, fn);
 }
 
-// Query heads `heads` of one sequence against its paged context, head_dim D, one KV
-// block at a time (its rows are contiguous: read from memory once, then from L1 by every
-// query head). Scores for the whole context first, then softmax, then the weighted sum of
-// V rows. Independent accumulators in registers (4 tokens at a time for the scores, the
-// D/8 chunks of a head for the sum) keep FMAs from waiting on each other. Query heads of
-// a group read the same K/V rows (GQA without repeating K/V).
+// Query heads `heads` of a run of `rows` decode rows of one sequence against its paged
+// context, head_dim D: row i attends the first len0 + i tokens (one row alone, or a
+// verification's 1 + k rows, each one token past the one before). One KV block at a time
+// (its rows are contiguous: read from memory once, then from L1 by every query head of
+// every row of the run, where rows apart read the context once each). Scores for the
+// whole context first, then softmax, then the weighted sum of V rows. Independent
+// accumulators in registers (4 tokens at a time for the scores, the D/8 chunks of a head
+// for the sum) keep FMAs from waiting on each other. Query heads of a group read the same
+// K/V rows (GQA without repeating K/V). A row's arithmetic is what it would be alone.
 template <int D>
-void attend_one(float* out, const float* q, const std::vector<int64_t>& row_offsets,
-                int64_t block_size, const float* k_cache, const float* v_cache,
-                int64_t num_heads, Heads heads, int64_t group, float scale,
-                std::vector<float>& scores) {
+void attend_run(float* out, const float* q, int64_t rows, int64_t len0,
+                const std::vector<int64_t>& row_offsets, int64_t block_size,
+                const float* k_cache, const float* v_cache, int64_t num_heads, Heads heads,
+                int64_t group, float scale, std::vector<float>& scores) {
   constexpr int C = D / 8;
-  const int64_t len = static_cast<int64_t>(row_offsets.size());
+  const int64_t len = static_cast<int64_t>(row_offsets.size());  // the last row's
   const int64_t block_bytes = block_size * (num_heads / group) * D * 4;
-  const int64_t count = heads.end - heads.begin;
-  scores.resize(count * len);
+  const int64_t count = heads.end - heads.begin, row_floats = num_heads * D;
+  scores.resize(count * rows * len);
+  // the scores of query head h of row i, and where that row's context ends in this block
+  auto row_scores = [&](int64_t h, int64_t i) {
+    return scores.data() + ((h - heads.begin) * rows + i) * len;
+  };
   for (int64_t start = 0; start < len; start += block_size) {
     const int64_t stop = std::min(len, start + block_size);
     for (int64_t h = heads.begin; h < heads.end; ++h) {
       if (stop < len)
         prefetch_part(k_cache + row_offsets[stop], block_bytes, h - heads.begin, count);
-      const float* qh = q + h * D;
       const float* k = k_cache + (h / group) * D;
-      float* s = scores.data() + (h - heads.begin) * len;
-      int64_t t = start;
-      for (; t + 4 <= stop; t += 4) {
-        const float *k0 = k + row_offsets[t], *k1 = k + row_offsets[t + 1],
-                    *k2 = k + row_offsets[t + 2], *k3 = k + row_offsets[t + 3];
-        float8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-        for (int c = 0; c < C; ++c) {
-          const float8 qc = load8(qh + 8 * c);
-          a0 += qc * load8(k0 + 8 * c);
-          a1 += qc * load8(k1 + 8 * c);
-          a2 += qc * load8(k2 + 8 * c);
-          a3 += qc * load8(k3 + 8 * c);
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* qh = q + i * row_floats + h * D;
+        float* s = row_scores(h, i);
+        const int64_t end = std::min(stop, len0 + i);
+        int64_t t = start;
+        for (; t + 4 <= end; t += 4) {
+          const float *k0 = k + row_offsets[t], *k1 = k + row_offsets[t + 1],
+                      *k2 = k + row_offsets[t + 2], *k3 = k + row_offsets[t + 3];
+          float8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+          for (int c = 0; c < C; ++c) {
+            const float8 qc = load8(qh + 8 * c);
+            a0 += qc * load8(k0 + 8 * c);
+            a1 += qc * load8(k1 + 8 * c);
+            a2 += qc * load8(k2 + 8 * c);
+            a3 += qc * load8(k3 + 8 * c);
+          }
+          s[t] = sum8(a0) * scale, s[t + 1] = sum8(a1) * scale;
+          s[t + 2] = sum8(a2) * scale, s[t + 3] = sum8(a3) * scale;
         }
-        s[t] = sum8(a0) * scale, s[t + 1] = sum8(a1) * scale;
-        s[t + 2] = sum8(a2) * scale, s[t + 3] = sum8(a3) * scale;
-      }
-      for (; t < stop; ++t) {
-        const float* kt = k + row_offsets[t];
-        float8 a = {};
-        for (int c = 0; c < C; ++c) a += load8(qh + 8 * c) * load8(kt + 8 * c);
-        s[t] = sum8(a) * scale;
+        for (; t < end; ++t) {
+          const float* kt = k + row_offsets[t];
+          float8 a = {};
+          for (int c = 0; c < C; ++c) a += load8(qh + 8 * c) * load8(kt + 8 * c);
+          s[t] = sum8(a) * scale;
+        }
       }
     }
   }
-  std::vector<float8> acc(count * C, float8{});
-  for (int64_t head = 0; head < count; ++head) {
-    float* s = scores.data() + head * len;
-    const float m = *std::max_element(s, s + len);
-    float total = 0.f;
-    for (int64_t i = 0; i < len; ++i) {
-      s[i] = std::exp(s[i] - m);
-      total += s[i];
+  std::vector<float8> acc(count * rows * C, float8{});
+  for (int64_t h = heads.begin; h < heads.end; ++h) {
+    for (int64_t i = 0; i < rows; ++i) {
+      float* s = row_scores(h, i);
+      const int64_t n = len0 + i;
+      const float m = *std::max_element(s, s + n);
+      float total = 0.f;
+      for (int64_t t = 0; t < n; ++t) {
+        s[t] = std::exp(s[t] - m);
+        total += s[t];
+      }
+      for (int64_t t = 0; t < n; ++t) s[t] /= total;
     }
-    for (int64_t i = 0; i < len; ++i) s[i] /= total;
   }
   for (int64_t start = 0; start < len; start += block_size) {
     const int64_t stop = std::min(len, start + block_size);
@@ -135,20 +148,53 @@ void attend_one(float* out, const float* q, const std::vector<int64_t>& row_offs
       if (stop < len)
         prefetch_part(v_cache + row_offsets[stop], block_bytes, h - heads.begin, count);
       const float* v = v_cache + (h / group) * D;
-      const int64_t at = h - heads.begin;
-      const float* s = scores.data() + at * len;
-      float8 a[C];
-      for (int c = 0; c < C; ++c) a[c] = acc[at * C + c];
-      for (int64_t i = start; i < stop; ++i) {
-        const float* vt = v + row_offsets[i];
-        for (int c = 0; c < C; ++c) a[c] += s[i] * load8(vt + 8 * c);
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* s = row_scores(h, i);
+        float8* row_acc = acc.data() + ((h - heads.begin) * rows + i) * C;
+        float8 a[C];
+        for (int c = 0; c < C; ++c) a[c] = row_acc[c];
+        for (int64_t t = start; t < std::min(stop, len0 + i); ++t) {
+          const float* vt = v + row_offsets[t];
+          for (int c = 0; c < C; ++c) a[c] += s[t] * load8(vt + 8 * c);
+        }
+        for (int c = 0; c < C; ++c) row_acc[c] = a[c];
       }
-      for (int c = 0; c < C; ++c) acc[at * C + c] = a[c];
     }
   }
   for (int64_t h = heads.begin; h < heads.end; ++h)
-    for (int c = 0; c < C; ++c)
-      __builtin_memcpy(out + h * D + 8 * c, &acc[(h - heads.begin) * C + c], sizeof(float8));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int c = 0; c < C; ++c)
+        __builtin_memcpy(out + i * row_floats + h * D + 8 * c,
+                         &acc[((h - heads.begin) * rows + i) * C + c], sizeof(float8));
+}
+
+// A run of decode rows (first row, rows) that attend through the same blocks, each one
+// token past the one before: a verification's 1 + k rows (engine.speculative).
+struct Run {
+  int64_t first, rows;
+};
+
+// The batch's rows as runs: row b joins the run before it when, without a window, it
+// attends one token more than that run's last row through the same block ids (compared up
+// to its own length: O(blocks) a row).
+std::vector<Run> decode_runs(const int32_t* lens, const int32_t* tables, int64_t table_stride,
+                             int64_t batch, int64_t block_size, int64_t window) {
+  std::vector<Run> runs;
+  for (int64_t b = 0; b < batch; ++b) {
+    if (window == 0 && !runs.empty()) {
+      Run& run = runs.back();
+      const int64_t last = run.first + run.rows - 1;
+      const int64_t blocks = (lens[b] + block_size - 1) / block_size;
+      if (lens[last] > 0 && lens[b] == lens[last] + 1 &&
+          std::equal(tables + b * table_stride, tables + b * table_stride + blocks,
+                     tables + last * table_stride)) {
+        ++run.rows;
+        continue;
+      }
+    }
+    runs.push_back({b, 1});
+  }
+  return runs;
 }
 
 }  // namespace
@@ -200,19 +246,23 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   const float* vp = v_cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
-  // Fewer sequences than threads, on the worker pool: each one's heads are split into
-  // parts, so a lone sequence's attention runs on every core (the K/V lines of a group's
-  // heads split between two parts are read by both). Under OpenMP the wake-up would cost
-  // more than the split saves.
+  // Fewer runs than threads, on the worker pool: each one's heads are split into parts,
+  // so a lone sequence's attention runs on every core (the K/V lines of a group's heads
+  // split between two parts are read by both). Under OpenMP the wake-up would cost more
+  // than the split saves.
+  const std::vector<Run> runs =
+      decode_runs(lens, tables, table_stride, batch, block_size, window);
+  const int64_t num_runs = static_cast<int64_t>(runs.size());
   const int64_t threads = tokenwire::borrowed_quant_exports() ? at::get_num_threads() : 1;
-  const int64_t parts = std::min(num_heads, std::max<int64_t>(1, threads / batch));
-  parallel_chunks(batch * parts, [&](int64_t chunk) {
+  const int64_t parts = std::min(num_heads, std::max<int64_t>(1, threads / num_runs));
+  parallel_chunks(num_runs * parts, [&](int64_t chunk) {
     thread_local std::vector<float> scores;
     thread_local std::vector<int64_t> row_offsets;
-    const int64_t b = chunk / parts, part = chunk % parts;
+    const Run run = runs[chunk / parts];
+    const int64_t part = chunk % parts, b = run.first, last = run.first + run.rows - 1;
     const Heads heads{num_heads * part / parts, num_heads * (part + 1) / parts};
     float* o = op + b * num_heads * head_dim;
-    if (lens[b] == 0) {
+    if (lens[b] == 0) {  // alone in its run
       std::fill(o + heads.begin * head_dim, o + heads.end * head_dim, 0.f);
       return;
     }
@@ -220,18 +270,22 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
     // with a window, tokens before it are never read.
     const int32_t* table = tables + b * table_stride;
     const int64_t first = window > 0 ? std::max<int64_t>(0, lens[b] - window) : 0;
-    row_offsets.resize(lens[b] - first);
-    for (int64_t t = first; t < lens[b]; ++t)
+    row_offsets.resize(lens[last] - first);
+    for (int64_t t = first; t < lens[last]; ++t)
       row_offsets[t - first] = (static_cast<int64_t>(table[t / block_size]) * block_size
                                 + t % block_size) * row;
     const float* qb = qp + b * num_heads * head_dim;
     const float s = static_cast<float>(scale);
+    const int64_t len0 = lens[b] - first;
     if (head_dim == 64)
-      attend_one<64>(o, qb, row_offsets, block_size, kp, vp, num_heads, heads, group, s, scores);
+      attend_run<64>(o, qb, run.rows, len0, row_offsets, block_size, kp, vp, num_heads, heads,
+                     group, s, scores);
     else if (head_dim == 128)
-      attend_one<128>(o, qb, row_offsets, block_size, kp, vp, num_heads, heads, group, s, scores);
+      attend_run<128>(o, qb, run.rows, len0, row_offsets, block_size, kp, vp, num_heads, heads,
+                      group, s, scores);
     else
-      attend_one<256>(o, qb, row_offsets, block_size, kp, vp, num_heads, heads, group, s, scores);
+      attend_run<256>(o, qb, run.rows, len0, row_offsets, block_size, kp, vp, num_heads, heads,
+                      group, s, scores);
   });
 }
 

@@ -9,7 +9,8 @@ import torch
 from engine.attention import AttentionMetadata, TorchAttention
 from engine.cpu_backend import CpuAttention, CpuOps
 from engine.ops import TorchOps, build_cos_sin_cache
-from kernel_cases import assert_close, paged_kv, randn, readable_by_torch_backend
+from kernel_cases import (assert_close, nan_like, paged_kv, randn, readable_by_torch_backend,
+                          with_rejected_rows)
 import kernels.cpu as cpu_kernels
 from kernels.paged_decode_attention import paged_decode_attention_ref
 
@@ -113,6 +114,52 @@ def test_decode_attention_agrees_with_torch_backend(gen, kernels):
     meta = decode_meta(tables, lens)
     expected = TorchAttention(9, 3, 64)._decode(q, k_cache, v_cache, meta)
     assert_close(CpuAttention(9, 3, 64, kernels)._decode(q, k_cache, v_cache, meta), expected)
+
+
+def verification_rows(gen, runs: list[tuple[int, int]], block_size: int):
+    """Decode rows as the engine lays out verifications (engine.speculative): for each
+    (context, rows) a sequence whose rows attend context, context + 1, ... tokens through
+    copies of one block-table row, with K/V written 3 slots past the last (a rejected
+    proposal's, which no row may read). Returns (k_cache, v_cache, tables, lens)."""
+    k_cache, v_cache, tables, lens = paged_kv(gen, [n + rows - 1 for n, rows in runs],
+                                              block_size, 3, 64, torch.float32, "cpu")
+    with_rejected_rows(gen, k_cache, v_cache, tables, lens.tolist(), 3)
+    pick = [b for b, (_, rows) in enumerate(runs) for _ in range(rows)]
+    row_lens = [n + i for n, rows in runs for i in range(rows)]
+    return k_cache, v_cache, tables[pick].contiguous(), torch.tensor(row_lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_decode_attention_runs_a_verifications_rows_together(gen, kernels, threads, block_size):
+    """A verification's rows (one sequence, one token more each, the same blocks) attend as
+    one run that reads the context once: each row's result is the reference's, and what the
+    row gives alone up to the last bits (-ffast-math's vectorized sums split differently
+    where a row's scores sit at another offset). Beside them: a lone row, a run crossing a block edge, and
+    two sequences whose lengths follow on but whose blocks differ (not one run)."""
+    runs = [(300, 5), (17, 1), (block_size - 1, 3), (40, 1), (41, 1), (1, 2)]
+    k_cache, v_cache, tables, lens = verification_rows(gen, runs, block_size)
+    q = randn(gen, len(lens), 9, 64, dtype=torch.float32, device="cpu")
+    out = nan_like(q)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lens, 0.125)
+        alone = torch.cat([kernels_row(kernels, q, k_cache, v_cache, tables, lens, b)
+                           for b in range(len(lens))])
+    finally:
+        torch.set_num_threads(before)
+    assert_close(out, paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125))
+    torch.testing.assert_close(out, alone, rtol=0, atol=1e-6)
+
+
+def kernels_row(kernels, q, k_cache, v_cache, tables, lens, b):
+    """Row b through paged_decode_attention alone."""
+    out = nan_like(q[b:b + 1])
+    kernels.paged_decode_attention(out, q[b:b + 1].contiguous(), k_cache, v_cache,
+                                   tables[b:b + 1].contiguous(), lens[b:b + 1].contiguous(),
+                                   0.125)
+    return out
 
 
 def test_decode_attention_rejects_bad_arguments(gen, kernels):
