@@ -9,7 +9,6 @@ import functools
 import logging
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -19,6 +18,7 @@ from engine.config import EngineConfig, cpu_kv_cache_bytes
 from engine.cpu_backend import CpuAttention, CpuOps
 from engine.cpu_decode import CpuDecodeStack
 from engine.cuda_graphs import DecodeGraphs
+from engine.host_memory import lazy_zeros
 from engine.linear import Linear
 from engine.loader import LoadedModel
 from engine.models.gemma3 import Gemma3Model
@@ -282,11 +282,9 @@ def _attention(backend, shape: tuple, c, window: int | None):
 
 
 def _zeros(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed KV tensor. On CPU through calloc (numpy's zeros): the OS maps zero pages
-    that take memory only once written, so a pool sized for a whole context costs what
-    the live sequences use (torch.zeros writes every page at once)."""
-    if device.type == "cpu" and dtype in (torch.float32, torch.float16):
-        return torch.from_numpy(np.zeros(shape, dtype=str(dtype).removeprefix("torch.")))
+    """A zeroed KV tensor: on CPU lazily mapped, in small pages (host_memory.lazy_zeros)."""
+    if device.type == "cpu":
+        return lazy_zeros(shape, dtype)
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
