@@ -102,14 +102,30 @@ class NgramProposer:
 
 def find_continuation(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """The up to k tokens after the most recent earlier occurrence of tokens' last n
-    (the longest n in [min_n, max_n] that occurs), else []."""
+    (the longest n in [min_n, max_n] that occurs), else [].
+
+    The lengths that occur are all those up to the longest: an earlier occurrence of the
+    last n tokens holds one of the last n - 1 (its own tail). So one scan of the context
+    (min_n's) settles a miss, the common case of a stream that does not repeat itself, and
+    a binary search finds the longest n of a hit, where trying each n from max_n down took
+    up to 14 scans (a miss over 4,096 tokens took 0.14 ms a step, now 0.07: most of it
+    is making the byte string)."""
     data = array("i", tokens).tobytes()
-    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
-        pos = _last_word_match(data, data[-4 * n:], len(data) - 4)  # ending before the last
-        if pos >= 0:
-            start = pos // 4 + n
-            return tokens[start:start + k]
-    return []
+
+    def last_match(n: int) -> int:  # ending before the last token
+        return _last_word_match(data, data[-4 * n:], len(data) - 4)
+
+    if len(tokens) <= min_n or (pos := last_match(min_n)) < 0:
+        return []
+    n, low, high = min_n, min_n + 1, min(max_n, len(tokens) - 1)
+    while low <= high:
+        mid = (low + high) // 2
+        if (at := last_match(mid)) >= 0:
+            n, pos, low = mid, at, mid + 1
+        else:
+            high = mid - 1
+    start = pos // 4 + n
+    return tokens[start:start + k]
 
 
 def _last_word_match(data: bytes | bytearray, needle: bytes, end: int) -> int:
@@ -149,7 +165,12 @@ class RecentTokens:
     def continuation(self, suffix: list[int], k: int, min_n: int, max_n: int) -> list[int]:
         """The up to k tokens that followed the most recent occurrence of suffix's last n
         tokens (the longest n in [min_n, max_n] that occurs and was followed by any), up to
-        the end of the output they were in; else []."""
+        the end of the output they were in; else []. A suffix whose last min_n tokens
+        never occur has no longer match either: one scan of the buffer settles that miss
+        (0.3 ms a step for a full 32,768-token history when every n was tried)."""
+        if len(suffix) < min_n or _last_word_match(
+                self._data, array("i", suffix[-min_n:]).tobytes(), len(self._data)) < 0:
+            return []
         for n in range(min(max_n, len(suffix)), min_n - 1, -1):
             pos = _last_word_match(self._data, array("i", suffix[-n:]).tobytes(),
                                    len(self._data))

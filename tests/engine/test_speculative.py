@@ -31,6 +31,31 @@ COPY_PROMPTS = [
 ]
 
 
+def longest_match_by_every_n(tokens, k, min_n, max_n):
+    """find_continuation's contract, spelled out: each n from max_n down, each earlier
+    position from the latest back."""
+    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+        for end in range(len(tokens) - 1, n - 1, -1):  # the occurrence ends before the last
+            if tokens[end - n:end] == tokens[-n:]:
+                return tokens[end:end + k]
+    return []
+
+
+def test_the_binary_search_finds_what_trying_every_n_finds():
+    """Over many short sequences of a few ids (repeats of every length), with the n range
+    cut anywhere: the same continuation as the plain search over every n and position."""
+    rng = random.Random(0)
+    hits = 0
+    for _ in range(3000):
+        tokens = [rng.randrange(3) for _ in range(rng.randrange(1, 40))]
+        min_n = rng.randrange(1, 6)
+        max_n = rng.randrange(min_n, 20)
+        expected = longest_match_by_every_n(tokens, 4, min_n, max_n)
+        assert find_continuation(tokens, 4, min_n, max_n) == expected, (tokens, min_n, max_n)
+        hits += bool(expected)
+    assert 1000 < hits < 2900  # both hits and misses were checked
+
+
 def test_the_longest_recent_match_gives_the_continuation():
     assert find_continuation([1, 2, 3, 9, 8, 7, 5, 1, 2, 3], 3, 1, 3) == [9, 8, 7]
     assert find_continuation([4, 1, 2, 6, 3, 2, 7, 1, 2], 2, 1, 3) == [6, 3]  # n=2 beats n=1
