@@ -79,7 +79,7 @@ void parallel_rows(int64_t rows, int64_t floats_per_row, const F& fn) {
 // whole context first, then softmax, then the weighted sum of V rows. Independent
 // accumulators in registers (4 tokens at a time for the scores, the D/8 chunks of a head
 // for the sum) keep FMAs from waiting on each other. Query heads of a group read the same
-// K/V rows (GQA without repeating K/V). A row's arithmetic is what it would be alone.
+// K/V rows (GQA without repeating K/V). A row's operations are those it would run alone.
 template <int D>
 void attend_run(float* out, const float* q, int64_t rows, int64_t len0,
                 const std::vector<int64_t>& row_offsets, int64_t block_size,
@@ -90,7 +90,7 @@ void attend_run(float* out, const float* q, int64_t rows, int64_t len0,
   const int64_t block_bytes = block_size * (num_heads / group) * D * 4;
   const int64_t count = heads.end - heads.begin, row_floats = num_heads * D;
   scores.resize(count * rows * len);
-  // the scores of query head h of row i, and where that row's context ends in this block
+  // the scores of query head h of row i (len of them; row i's first len0 + i are used)
   auto row_scores = [&](int64_t h, int64_t i) {
     return scores.data() + ((h - heads.begin) * rows + i) * len;
   };
