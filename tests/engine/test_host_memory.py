@@ -20,8 +20,8 @@ def mapping_kb(tensor: torch.Tensor) -> dict[str, int]:
     with open("/proc/self/smaps") as f:
         lines = f.read().splitlines()
     for i, line in enumerate(lines):
-        start, _, end = line.split()[0].partition("-")
-        if "-" in line.split()[0] and int(start, 16) <= address < int(end, 16):
+        start, dash, end = line.split()[0].partition("-")  # a mapping's header: start-end
+        if dash and int(start, 16) <= address < int(end, 16):
             fields = {}
             for entry in lines[i + 1:]:
                 key, _, value = entry.partition(":")

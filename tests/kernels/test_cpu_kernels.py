@@ -135,8 +135,9 @@ def test_decode_attention_runs_a_verifications_rows_together(gen, kernels, threa
     """A verification's rows (one sequence, one token more each, the same blocks) attend as
     one run that reads the context once: each row's result is the reference's, and what the
     row gives alone up to the last bits (-ffast-math's vectorized sums split differently
-    where a row's scores sit at another offset). Beside them: a lone row, a run crossing a block edge, and
-    two sequences whose lengths follow on but whose blocks differ (not one run)."""
+    where a row's scores sit at another offset). Beside them: a lone row, a run crossing a
+    block edge, and two sequences whose lengths follow on but whose blocks differ (not one
+    run)."""
     runs = [(300, 5), (17, 1), (block_size - 1, 3), (40, 1), (41, 1), (1, 2)]
     k_cache, v_cache, tables, lens = verification_rows(gen, runs, block_size)
     q = randn(gen, len(lens), 9, 64, dtype=torch.float32, device="cpu")
