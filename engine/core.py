@@ -67,7 +67,7 @@ class EngineCore:
                                             config.max_num_batched_tokens,
                                             eos_token_ids=self.eos_token_ids,
                                             max_model_len=self.max_model_len,
-                                            proposer=_proposer(config),
+                                            proposer=proposer_for(config),
                                             spec_max_rows=config.speculative_max_rows,
                                             tier_load_cost=config.kv_tier_load_cost)
         self.grammars = GrammarCompiler(
@@ -282,7 +282,7 @@ class EngineCore:
             kv_tiers={} if self.kv_tiers is None else self.kv_tiers.stats())
 
 
-def _proposer(config: EngineConfig) -> NgramProposer | None:
+def proposer_for(config: EngineConfig) -> NgramProposer | None:
     """The speculative decoding proposer the config asks for, or None (off)."""
     if config.speculative is None:
         return None

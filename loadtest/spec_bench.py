@@ -6,7 +6,12 @@ the two engines alternating prompt by prompt on the same box; prints the ratio o
 tokens/s from submit to the last token and of tokens/s after the first (1 / TPOT), the
 acceptance rate and the mean accepted length (proposed tokens accepted per
 verification), then each engine's median step time by the proposed tokens a step verified
-(0: a plain decode step; steps with prefill rows left out).
+(0: a plain decode step; steps with prefill rows left out). Last, per dataset, the same
+ratios modeled at its mean step times (loadtest.spec_bound): for the shipped proposer (a
+check on the model against the measured ratios), for an oracle that knows the output
+(the most any n-gram proposer could have accepted, proposing only when and as much as it
+pays) and for a perfect draft (every step accepts k): what speculation can give on this
+CPU at these step costs, whatever the proposer.
 
 With `--batch-sizes`, each batch size c > 1 runs c copy-heavy prompts at a time instead
 (one `generate` call of c prompts, batched continuously), the two engines alternating round
@@ -27,9 +32,11 @@ import time
 from collections import defaultdict
 
 from engine import LLM, EngineConfig, SamplingParams
+from engine.core import proposer_for
 from engine.llm import set_num_threads
 from loadtest.copy_dataset import copy_prompts
 from loadtest.machine import cpu_model, git_commit
+from loadtest.spec_bound import fewest_ms, oracle_positions, proposer_ms, step_costs
 
 PARAGRAPH = ("tokenwire is a realtime LLM streaming gateway: an aiohttp server holds "
              "long-lived WebSocket sessions, a coroutine scheduler admits work under "
@@ -66,25 +73,45 @@ REQUEST_IDS = itertools.count()
 
 class StepTimes:
     """Wall time of each decode or verification step `llm` runs, in ms, by the proposed
-    tokens it verified, and the rows (tokens computed) and tokens sampled of each."""
+    tokens it verified, and the rows (tokens computed) and tokens sampled of each. A step
+    is the engine's whole step (scheduling and proposing, the forward, sampling, booking
+    and the outputs' detokenizing), all of which a step saved by speculation saves."""
 
     def __init__(self, llm: LLM):
         self.ms: dict[int, list[float]] = defaultdict(list)
         self.rows: list[tuple[int, int, float]] = []  # (rows, sampled, ms) of each such step
-        runner = llm.core.runner
-        execute = runner.execute
+        core = llm.core
+        execute, step = core.runner.execute, core.step
+        executed: list[tuple[int, int, int]] = []  # (drafts, rows, sampled) of decode steps
 
-        def timed(batch):
-            start = time.perf_counter()
+        def noted(batch):
             out = execute(batch)
             drafts = [len(r.spec_token_ids) for r in batch.requests]
             if all(n == 1 + d for n, d in zip(batch.num_new_tokens, drafts)):
-                ms = 1e3 * (time.perf_counter() - start)
-                self.ms[sum(drafts)].append(ms)
-                self.rows.append((batch.total_tokens, sum(map(len, out)), ms))
+                executed.append((sum(drafts), batch.total_tokens, sum(map(len, out))))
             return out
 
-        runner.execute = timed
+        def timed():
+            executed.clear()
+            start = time.perf_counter()
+            outputs = step()
+            if executed:
+                ms = 1e3 * (time.perf_counter() - start)
+                drafts, rows, sampled = executed[0]
+                self.ms[drafts].append(ms)
+                self.rows.append((rows, sampled, ms))
+            return outputs
+
+        core.runner.execute = noted
+        core.step = timed
+
+    def mark(self) -> dict[int, int]:
+        """Where the times stand now, for `since`."""
+        return {k: len(v) for k, v in self.ms.items()}
+
+    def since(self, mark: dict[int, int]) -> dict[int, list[float]]:
+        """The times of the steps run after `mark`, by proposed tokens verified."""
+        return {k: v[mark.get(k, 0):] for k, v in self.ms.items() if len(v) > mark.get(k, 0)}
 
     def clear(self) -> None:
         self.ms.clear()
@@ -107,15 +134,16 @@ class StepTimes:
                 f"{1e3 * sum(sampled) / sum(ms):.1f} tokens/s in steps")
 
 
-def run_one(llm: LLM, prompt: list[int], params: SamplingParams) -> tuple[int, float, float]:
-    """One request alone: (output tokens, seconds from submit to its last token, seconds
+def run_one(llm: LLM, prompt: list[int],
+            params: SamplingParams) -> tuple[list[int], float, float]:
+    """One request alone: (output token ids, seconds from submit to its last token, seconds
     from its first token to its last)."""
     start = time.perf_counter()
     llm.core.add_request(f"spec-bench-{next(REQUEST_IDS)}", prompt, params)
-    tokens, first = 0, None
+    tokens, first = [], None
     while llm.core.has_work():
         for out in llm.core.step():
-            tokens += len(out.new_token_ids)
+            tokens += out.new_token_ids
             if first is None and tokens:
                 first = time.perf_counter()
     end = time.perf_counter()
@@ -123,19 +151,28 @@ def run_one(llm: LLM, prompt: list[int], params: SamplingParams) -> tuple[int, f
 
 
 def compare(off: LLM, on: LLM, prompts: list[str], params: SamplingParams) -> dict:
+    """Both engines, one prompt at a time: the figures of `summarize`, tokens/s after the
+    first token, and for the bound the prompts, the outputs without speculation and the
+    seconds the speculating engine took to its first tokens (its prefills)."""
     ids = [off.core.encode_chat([{"role": "user", "content": p}]) for p in prompts]
     before = on.core.stats()
     totals = {"off": [0, 0.0], "on": [0, 0.0]}
     decode = {"off": [0, 0.0], "on": [0, 0.0]}  # tokens after the first, and their seconds
+    outputs, prefill_seconds = [], 0.0
     for prompt in ids:  # alternate, so both see the same load on a shared box
         for name, llm in (("off", off), ("on", on)):
             tokens, seconds, after_first = run_one(llm, prompt, params)
-            totals[name][0] += tokens
+            totals[name][0] += len(tokens)
             totals[name][1] += seconds
-            decode[name][0] += tokens - 1
+            decode[name][0] += len(tokens) - 1
             decode[name][1] += after_first
+            if name == "off":
+                outputs.append(tokens)
+            else:
+                prefill_seconds += seconds - after_first
     return {**summarize(totals, before, on.core.stats()),
-            "decode": {name: n / t for name, (n, t) in decode.items()}}
+            "decode": {name: n / t for name, (n, t) in decode.items()},
+            "prompts": ids, "outputs": outputs, "prefill_seconds": prefill_seconds}
 
 
 def summarize(totals: dict, before, after) -> dict:
@@ -210,16 +247,19 @@ def main(argv=None) -> None:
              num_speculative_tokens=args.num_speculative_tokens,
              speculative_max_rows=args.speculative_max_rows)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    compare(off, on, CHAT[:2], SamplingParams(max_tokens=16, temperature=0.0))  # warm up
+    warm_up = compare(off, on, CHAT[:2], SamplingParams(max_tokens=16, temperature=0.0))
     steps = {"off": StepTimes(off), "on": StepTimes(on)}
     if 1 in args.batch_sizes:
-        print_single(off, on, params, steps, args)
+        print_single(off, on, params, steps, args, warm_up["outputs"])
     batched = [c for c in args.batch_sizes if c > 1]
     if batched:
         print_batched(off, on, params, steps, batched, args)
 
 
-def print_single(off: LLM, on: LLM, params: SamplingParams, steps: dict, args) -> None:
+def print_single(off: LLM, on: LLM, params: SamplingParams, steps: dict, args,
+                 history: list[list[int]]) -> None:
+    """The c=1 table, the step times, then the bounds at those step times; `history`: the
+    outputs the speculating engine finished before (its proposer's history)."""
     print(f"CPU: {cpu_model()}; commit {git_commit()}; greedy, max_tokens {args.max_tokens}, "
           f"k <= {args.num_speculative_tokens}, c=1")
     print("tok/s: output tokens per second from submit to the last token; decode: after the "
@@ -227,16 +267,51 @@ def print_single(off: LLM, on: LLM, params: SamplingParams, steps: dict, args) -
     print(f"{'dataset':<12}{'off tok/s':>10}{'on tok/s':>10}{'ratio':>8}{'decode off':>11}"
           f"{'on':>7}{'ratio':>8}{'accept':>8}{'acc.len':>8}  tokens (off, on)")
     copy = copy_heavy(off, args.copy_prompts, args.max_tokens)
+    results = {}
     for name, prompts in (("copy-heavy", copy), ("short edit", SHORT_EDITS),
                           ("chat", CHAT)):
+        marks = {engine: times.mark() for engine, times in steps.items()}
         r = compare(off, on, prompts, params)
+        r["step_ms"] = {engine: times.since(marks[engine]) for engine, times in steps.items()}
         d = r["decode"]
         print(f"{name:<12}{r['off']:>10.1f}{r['on']:>10.1f}{r['on'] / r['off']:>7.2f}x"
               f"{d['off']:>11.1f}{d['on']:>7.1f}{d['on'] / d['off']:>7.2f}x"
               f"{r['acceptance']:>8.2f}{r['accepted_length']:>8.2f}  {r['tokens']}")
-    print("median step ms by proposed tokens verified (steps):")
+        results[name] = r
+    print("median step ms (the engine's whole step) by proposed tokens verified (steps):")
     for name, times in steps.items():
         print(f"  {name:<4}{times.medians()}")
+    print_bounds(on.core.config, results, args.num_speculative_tokens, history)
+
+
+def print_bounds(config: EngineConfig, results: dict, k: int, history: list[list[int]]) -> None:
+    """Per dataset, modeled at its mean step times (a plain step: the engine without
+    speculation's; a verification of j tokens: the speculating engine's) and the
+    speculating engine's measured prefills: the shipped proposer, the n-gram oracle's
+    bound and a perfect draft's."""
+    print("modeled (loadtest.spec_bound) at each dataset's mean step ms by proposed tokens "
+          "verified and the measured prefills: submit-to-last / decode ratios")
+    print(f"{'dataset':<12}{'shipped proposer':>18}{'n-gram oracle':>18}{'perfect draft':>18}"
+          f"  step ms (0..{k})")
+    for name, r in results.items():
+        prompts, outputs = r["prompts"], r["outputs"]
+        costs = step_costs({**r["step_ms"]["on"], 0: r["step_ms"]["off"][0]}, k)
+        tokens_after_first = sum(len(o) - 1 for o in outputs)
+        plain_ms = tokens_after_first * costs[0]
+        shipped = proposer_ms(lambda: proposer_for(config), prompts, outputs, k, costs,
+                              history)
+        oracle = perfect = 0.0
+        for prompt, output in zip(prompts, outputs, strict=True):
+            accepted = oracle_positions(prompt, output, k, config.speculative_ngram_min,
+                                        history)
+            oracle += fewest_ms(accepted, costs)
+            perfect += fewest_ms([k] * len(accepted), costs)
+            history = [*history, output]
+        prefill_ms = 1e3 * r["prefill_seconds"]
+        cells = [f"{(prefill_ms + plain_ms) / (prefill_ms + ms):.2f}x / {plain_ms / ms:.2f}x"
+                 for ms in (shipped, oracle, perfect)]
+        print(f"{name:<12}" + "".join(f"{c:>18}" for c in cells)
+              + "  " + " / ".join(f"{c:.1f}" for c in costs))
 
 
 def print_batched(off: LLM, on: LLM, params: SamplingParams, steps: dict, sizes: list[int],

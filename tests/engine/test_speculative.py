@@ -10,7 +10,7 @@ from test_hf_parity import PROMPTS as PARITY_PROMPTS
 from engine import LLM, SamplingParams
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.core import _proposer
+from engine.core import proposer_for
 from engine.errors import ConfigError
 from engine.outputs import SampledToken
 from engine.request import Request
@@ -68,10 +68,10 @@ def test_the_engine_proposes_only_from_its_shortest_ngram_on():
     """speculative_ngram_min: a suffix met before only as 2 tokens is chance, not a quote."""
     tokens = [7, 8, 1, 2, 9, 9, 5, 1, 2]  # [1, 2] met before, [5, 1, 2] never
     request = Request("r", tokens, SamplingParams())
-    cautious = _proposer(EngineConfig(speculative="ngram"))  # the default: 3 to 16 tokens
+    cautious = proposer_for(EngineConfig(speculative="ngram"))  # the default: 3 to 16 tokens
     assert (cautious.min_n, cautious.max_n) == (3, 16)
     assert cautious.propose(request, 4) == []
-    eager = _proposer(EngineConfig(speculative="ngram", speculative_ngram_min=2))
+    eager = proposer_for(EngineConfig(speculative="ngram", speculative_ngram_min=2))
     assert eager.propose(request, 4) == [9, 9, 5]  # k: num_speculative_tokens, 3
     with pytest.raises(ConfigError, match="speculative_ngram_max"):
         EngineConfig(speculative_ngram_min=4, speculative_ngram_max=3)
