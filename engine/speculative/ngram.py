@@ -15,8 +15,12 @@ the last step's accepted tokens gave ~6% less on the copy-heavy dataset's replay
 verification costs more than a plain decode step (each row pays the int8 dots' work), so a
 request whose recent steps accepted less than `min_accepted` tokens on average stops
 proposing for a rest of steps that doubles each time it comes back (up to `max_rest`), and
-a stream that does not repeat itself soon pays next to nothing. The scan reads only the last
-`max_lookback` tokens, so its cost per step is bounded whatever the context's length.
+a stream that does not repeat itself soon pays next to nothing. A rest ends early on a match
+of more than min_n tokens, stronger evidence than the shortest match: a quote resumed (the
+copy-heavy dataset's greedy outputs replayed at measured step costs: 3-5% more decode speed
+on three held-out seeds; chat unchanged, its rests rarely meet such a match). The scan
+reads only the last `max_lookback` tokens, so its cost per step is bounded whatever the
+context's length.
 
 Where a request's own tokens hold no earlier occurrence of its suffix, the proposer looks in
 the outputs of the model's recently finished requests (RecentTokens, the last
@@ -63,16 +67,26 @@ class NgramProposer:
         state = self._state.get(request.request_id)
         if state is None:
             state = self._state[request.request_id] = self._fresh(self.first_rest)
+        k = min(state.k, limit)
         if state.resting:
             state.resting -= 1
-            return []
-        k = min(state.k, limit)
+            if self.min_n == self.max_n:
+                return []
+            drafts = self._lookup(request, k, self.min_n + 1)
+            if drafts:  # a longer match: a quote resumed, the rest is over
+                state.resting = 0
+            return drafts
+        return self._lookup(request, k, self.min_n)
+
+    def _lookup(self, request: Request, k: int, min_n: int) -> list[int]:
+        """Up to k tokens after the longest match of min_n to max_n tokens: in the request's
+        own tokens, else in the history."""
         if k <= 0:
             return []
         context = request.all_token_ids[-self.max_lookback:]
-        drafts = find_continuation(context, k, self.min_n, self.max_n)
+        drafts = find_continuation(context, k, min_n, self.max_n)
         if not drafts and self.history is not None:
-            drafts = self.history.continuation(context[-self.max_n:], k, self.min_n, self.max_n)
+            drafts = self.history.continuation(context[-self.max_n:], k, min_n, self.max_n)
         return drafts
 
     def record(self, request: Request, num_proposed: int, num_accepted: int) -> None:

@@ -109,9 +109,9 @@ def test_history_is_bounded_drops_the_oldest_and_never_runs_past_an_outputs_end(
 
 
 def test_k_follows_the_average_accepted_and_a_failing_request_rests_longer_each_time():
-    proposer = NgramProposer(4, first_rest=2)
-    request = Request("r", [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3], SamplingParams())
-    assert proposer.propose(request, 10) == [4, 5, 6, 1]  # a fresh start: the full k
+    proposer = NgramProposer(4, first_rest=2)  # n-grams of 1 to 3 tokens
+    request = Request("r", [1, 2, 3, 4, 5, 6, 7, 8, 9, 3], SamplingParams())  # [3] only
+    assert proposer.propose(request, 10) == [4, 5, 6, 7]  # a fresh start: the full k
     proposer.record(request, 4, 4)
     proposer.record(request, 4, 1)  # one accepted, but 2.5 a verification of late
     assert len(proposer.propose(request, 10)) == 3  # one more than the average
@@ -125,6 +125,30 @@ def test_k_follows_the_average_accepted_and_a_failing_request_rests_longer_each_
     assert [len(proposer.propose(request, 10)) for _ in range(5)] == [0, 0, 0, 0, 4]
     proposer.forget(request)
     assert not proposer._state  # bounded: nothing kept for ended requests
+
+
+def test_a_longer_match_ends_a_rest():
+    """While a request rests, a match of min_n tokens proposes nothing, and one of more
+    (a quote resumed) proposes at once and ends the rest."""
+    proposer = NgramProposer(3, first_rest=4, min_n=2, max_n=8)
+    weak = Request("r", [1, 2, 3, 4, 5, 6, 7, 8, 9, 2, 3], SamplingParams())  # [2, 3] only
+    assert proposer.propose(weak, 10) == [4, 5, 6]
+    proposer.record(weak, 3, 0)
+    proposer.record(weak, 3, 0)  # a rest of 4 steps
+    assert [proposer.propose(weak, 10) for _ in range(2)] == [[], []]
+    resumed = Request("r", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3], SamplingParams())
+    assert proposer.propose(resumed, 10) == [4, 5, 6]  # [1, 2, 3]: 3 tokens
+    assert proposer.propose(weak, 10) == [4, 5, 6]  # the rest is over
+    proposer.record(weak, 3, 0)
+    proposer.record(weak, 3, 0)  # rests again (8 steps); the longer match comes last
+    assert [len(proposer.propose(weak, 10)) for _ in range(8)] == [0] * 8
+    assert proposer.propose(weak, 10) == [4, 5, 6]
+    never = NgramProposer(3, first_rest=4, min_n=3, max_n=3)  # no longer match looked for
+    quoted = Request("q", [5, 1, 2, 3, 4, 8, 5, 1, 2, 3, 4], SamplingParams())  # 5 match
+    assert never.propose(quoted, 10) == [8, 5, 1]
+    never.record(quoted, 3, 0)
+    never.record(quoted, 3, 0)
+    assert [never.propose(quoted, 10) for _ in range(4)] == [[]] * 4
 
 
 def test_rejected_tokens_roll_back_and_no_block_leaks():
