@@ -67,6 +67,7 @@ CHAT = [
     "What should I consider when adopting a dog?",
 ]
 
+WARM_UP = "Name a colour."
 
 REQUEST_IDS = itertools.count()
 
@@ -247,7 +248,9 @@ def main(argv=None) -> None:
              num_speculative_tokens=args.num_speculative_tokens,
              speculative_max_rows=args.speculative_max_rows)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    warm_up = compare(off, on, CHAT[:2], SamplingParams(max_tokens=16, temperature=0.0))
+    # A warm-up prompt no dataset has: a dataset's prompt would find the warm-up's answer
+    # in the speculating engine's proposal history.
+    warm_up = compare(off, on, [WARM_UP], SamplingParams(max_tokens=16, temperature=0.0))
     steps = {"off": StepTimes(off), "on": StepTimes(on)}
     if 1 in args.batch_sizes:
         print_single(off, on, params, steps, args, warm_up["outputs"])
