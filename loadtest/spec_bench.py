@@ -70,6 +70,7 @@ CHAT = [
 WARM_UP = "Name a colour."
 
 REQUEST_IDS = itertools.count()
+BATCH_SEEDS = itertools.count(1)
 
 
 class StepTimes:
@@ -188,16 +189,17 @@ def summarize(totals: dict, before, after) -> dict:
             "tokens": (totals["off"][0], totals["on"][0])}
 
 
-def copy_heavy(llm: LLM, num: int, max_tokens: int) -> list[str]:
-    """`num` prompts of the load tester's copy-heavy dataset (seed 0, ~256 tokens in)."""
-    prompts = copy_prompts(num, 256, max_tokens, 0.0, random.Random(0), llm.core.tokenizer)
+def copy_heavy(llm: LLM, num: int, max_tokens: int, seed: int = 0) -> list[str]:
+    """`num` prompts of the load tester's copy-heavy dataset (~256 tokens in)."""
+    prompts = copy_prompts(num, 256, max_tokens, 0.0, random.Random(seed),
+                           llm.core.tokenizer)
     return [p.text for p in prompts]
 
 
-def batch_prompts(llm: LLM, c: int, max_tokens: int) -> list[list[int]]:
+def batch_prompts(llm: LLM, c: int, max_tokens: int, seed: int) -> list[list[int]]:
     """c prompts of the copy-heavy dataset, each its own task and text."""
     return [llm.core.encode_chat([{"role": "user", "content": t}])
-            for t in copy_heavy(llm, c, max_tokens)]
+            for t in copy_heavy(llm, c, max_tokens, seed)]
 
 
 def run_batch(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[int, float]:
@@ -209,12 +211,14 @@ def run_batch(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tup
 
 def compare_batched(off: LLM, on: LLM, c: int, rounds: int, params: SamplingParams) -> dict:
     """Both engines run the same c prompts at once, `rounds` times, alternating which goes
-    first; the figures of `compare` plus each round's ratio."""
-    prompts = batch_prompts(off, c, params.max_tokens)
+    first; the figures of `compare` plus each round's ratio. Each round of each c has its
+    own prompts (seeds 1, 2, ... in turn; the c=1 table's are seed 0): a prompt repeated
+    would find its answer in the speculating engine's proposal history."""
     before = on.core.stats()
     totals = {"off": [0, 0.0], "on": [0, 0.0]}
     ratios = []
     for r in range(rounds):
+        prompts = batch_prompts(off, c, params.max_tokens, seed=next(BATCH_SEEDS))
         order = (("off", off), ("on", on)) if r % 2 == 0 else (("on", on), ("off", off))
         rate = {}
         for name, llm in order:
