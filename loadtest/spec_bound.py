@@ -97,10 +97,15 @@ def proposer_ms(make_proposer: Callable, prompts: Sequence[Sequence[int]],
 
 def step_costs(step_ms: dict[int, list[float]], k: int) -> list[float]:
     """costs[j] for j in 0..k: the mean of the step times measured by proposed tokens
-    verified (the mean, as the bound is on total time); a count never measured takes the
-    cost of the largest one below it that was, which can only lower the bound's time."""
+    verified (the mean, as the bound is on total time), lowered to the least of those for
+    j or more tokens, so that costs never fall as j grows: `fewest_ms` charges a step
+    that accepts m tokens costs[m], which must not exceed what a step that proposed more
+    cost (a rare count's noisy mean can sit above a larger one's). A count never measured
+    takes the cost of the largest one below it that was."""
     costs: list[float] = []
     for j in range(k + 1):
         times = step_ms.get(j)
         costs.append(statistics.fmean(times) if times else costs[-1])
+    for j in range(k - 1, -1, -1):
+        costs[j] = min(costs[j], costs[j + 1])
     return costs

@@ -81,8 +81,9 @@ def test_no_proposer_of_continuations_beats_the_bound():
     assert cases // 4 < below < cases
 
 
-def test_step_costs_fill_a_count_never_measured_from_below():
+def test_step_costs_fill_gaps_from_below_and_never_fall_as_k_grows():
     assert step_costs({0: [5.0, 7.0], 1: [8.0], 3: [10.0]}, 3) == [6.0, 8.0, 8.0, 10.0]
+    assert step_costs({0: [5.0], 1: [9.8], 2: [7.7], 3: [9.0]}, 3) == [5.0, 7.7, 7.7, 9.0]
 
 
 def test_spec_bench_prints_each_datasets_bounds_in_order():
