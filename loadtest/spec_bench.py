@@ -244,7 +244,8 @@ def main(argv=None) -> None:
                         "prompts at once")
     p.add_argument("--rounds", type=int, default=3, help="rounds per batch size c > 1")
     p.add_argument("--speculative-max-rows", type=max_rows,
-                   default=config_default("speculative_max_rows"), help="the speculating engine's speculative_max_rows (none: no limit)")
+                   default=config_default("speculative_max_rows"),
+                   help="the speculating engine's speculative_max_rows (none: no limit)")
     args = p.parse_args(argv)
     set_num_threads(args.num_threads)
     off = LLM(model=args.model, device="cpu")

@@ -8,8 +8,9 @@ same GGUF (the default model's) and the same client (OpenAI chat completions, gr
 
 Four servers stay up and take turns, one request at a time, the order rotating each round
 (a shared VM's speed drifts within minutes: see peer_bench); each round draws fresh prompts
-(seed, seed + 1, ...), the same for every server; each figure is the median of its rounds. tokenwire's acceptance comes from its /metrics
-(`tokenwire_spec_decode_num_*`); llama-server reports none over HTTP.
+(seed, seed + 1, ...), the same for every server; each figure is the median of its rounds.
+tokenwire's acceptance comes from its /metrics (`tokenwire_spec_decode_num_*`);
+llama-server reports none over HTTP.
 """
 from __future__ import annotations
 
