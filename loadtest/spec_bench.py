@@ -210,10 +210,11 @@ def run_batch(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tup
 
 
 def compare_batched(off: LLM, on: LLM, c: int, rounds: int, params: SamplingParams) -> dict:
-    """Both engines run the same c prompts at once, `rounds` times, alternating which goes
-    first; the figures of `compare` plus each round's ratio. Each round of each c has its
-    own prompts (seeds 1, 2, ... in turn; the c=1 table's are seed 0): a prompt repeated
-    would find its answer in the speculating engine's proposal history."""
+    """Both engines run c prompts at once, the same ones in a round, for `rounds` rounds,
+    alternating which goes first; the figures of `compare` plus each round's ratio. Each
+    round of each c has its own prompts (seeds 1, 2, ... in turn; the c=1 table's are
+    seed 0): a prompt repeated would find its answer in the speculating engine's proposal
+    history."""
     before = on.core.stats()
     totals = {"off": [0, 0.0], "on": [0, 0.0]}
     ratios = []

@@ -62,6 +62,7 @@ def test_the_longest_recent_match_gives_the_continuation():
     assert find_continuation([5, 2, 8, 2, 9, 2], 2, 1, 3) == [9, 2]  # the latest occurrence
     assert find_continuation([1, 2, 3, 4], 2, 1, 3) == []
     assert find_continuation([256, 1, 2, 1], 2, 1, 3) == [2, 1]  # word-aligned matches only
+    assert find_continuation([1, 2, 3, 1, 2, 3], 2, 3, 2) == []  # no n in [3, 2]
 
 
 def test_the_engine_proposes_only_from_its_shortest_ngram_on():
